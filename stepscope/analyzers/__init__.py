@@ -1,0 +1,1 @@
+"""Analyzers: plain functions over recorded steps, samples and Kineto traces."""

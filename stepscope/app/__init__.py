@@ -1,0 +1,1 @@
+"""The `stepscope` command line (and, later, the Streamlit dashboard)."""

@@ -1,0 +1,126 @@
+"""The `stepscope` command.
+
+Each verb is a thin shell over a function in the packages below (collectors, store,
+analyzers), so the dashboard can offer the same actions. Heavy imports (torch,
+pandas) happen inside the verbs, to keep `stepscope --help` instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from stepscope import __version__
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stepscope",
+        description="Find out why a PyTorch job is slow, fix it, and prove the fix.",
+    )
+    parser.add_argument("--version", action="version", version=f"stepscope {__version__}")
+    parser.add_argument(
+        "--home",
+        help="run store directory (default: $STEPSCOPE_HOME or ~/.stepscope)",
+    )
+    sub = parser.add_subparsers(dest="verb", metavar="VERB")
+
+    run = sub.add_parser(
+        "run",
+        help="run a command under stepscope and record it",
+        description="Run an unmodified Python command (script, -m module, torchrun) and record "
+        "its steps, system samples and optional profiler captures.",
+        usage="stepscope run [options] -- COMMAND [ARGS...]",
+    )
+    run.add_argument("--name", help="run name (default: the script or module name)")
+    run.add_argument("--max-steps", type=int, help="stop the job cleanly after N steps")
+    run.add_argument("--profile-at", type=int, metavar="STEP", help="start a capture at STEP")
+    run.add_argument(
+        "--profile-steps", type=int, default=3, metavar="K", help="steps per capture (default 3)"
+    )
+    run.add_argument(
+        "--sample-interval",
+        type=float,
+        default=0.5,
+        metavar="S",
+        help="system sampling interval in seconds (default 0.5)",
+    )
+    run.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
+
+    runs = sub.add_parser("runs", help="list recorded runs")
+    runs.add_argument("--json", action="store_true", help="print JSON")
+
+    show = sub.add_parser("show", help="show one run's summary")
+    show.add_argument("run", help="run id, name, or 'last'")
+    show.add_argument("--json", action="store_true", help="print JSON")
+
+    capture = sub.add_parser("capture", help="ask a running job for a profiler capture")
+    capture.add_argument("run", help="run id, name, or 'last'")
+    capture.add_argument("--steps", type=int, default=3, help="steps to capture (default 3)")
+
+    analyze = sub.add_parser("analyze", help="analyse Kineto traces (files, folders or runs)")
+    analyze.add_argument(
+        "paths", nargs="+", metavar="PATH", help="trace files, folders, or run ids"
+    )
+    analyze.add_argument("--json", action="store_true", help="print JSON")
+    analyze.add_argument("--top", type=int, default=10, help="rows in the kernel/operator tables")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.verb is None:
+        parser.print_help()
+        return 2
+    if args.home:
+        import os
+
+        os.environ["STEPSCOPE_HOME"] = args.home
+
+    if args.verb == "run":
+        command = list(args.command)
+        if command and command[0] == "--":
+            command = command[1:]
+        if not command:
+            parser.error("run needs a command after --, e.g. stepscope run -- python train.py")
+        from stepscope.collectors.launcher import launch
+
+        return launch(
+            command,
+            name=args.name,
+            max_steps=args.max_steps,
+            profile_at=args.profile_at,
+            profile_steps=args.profile_steps,
+            sample_interval=args.sample_interval,
+        )
+
+    from stepscope.store import RunNotFound, StoreError
+
+    try:
+        if args.verb == "runs":
+            from stepscope.app.cli_runs import cmd_runs
+
+            return cmd_runs(as_json=args.json)
+        if args.verb == "show":
+            from stepscope.app.cli_runs import cmd_show
+
+            return cmd_show(args.run, as_json=args.json)
+        if args.verb == "capture":
+            from stepscope.app.cli_runs import cmd_capture
+
+            return cmd_capture(args.run, steps=args.steps)
+        if args.verb == "analyze":
+            from stepscope.app.cli_analyze import cmd_analyze
+
+            return cmd_analyze(args.paths, as_json=args.json, top=args.top)
+    except (RunNotFound, StoreError) as exc:
+        print(f"stepscope: {exc}", file=sys.stderr)
+        return 1
+    parser.error(f"unknown verb {args.verb}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,22 @@
+"""What the launcher (`stepscope run`) tells the bootstrap inside the job.
+
+Everything crosses the process boundary as environment variables, because the
+environment is what `torchrun`, DataLoader workers and `subprocess` children inherit
+without any cooperation from the user's code.
+"""
+
+from __future__ import annotations
+
+ENV_RUN_ID = "STEPSCOPE_RUN_ID"  # int; the bootstrap stays inert without it
+ENV_HOME = "STEPSCOPE_HOME"  # store directory
+ENV_RUN_DIR = "STEPSCOPE_RUN_DIR"  # the run's artifact folder (traces, control/)
+ENV_MAX_STEPS = "STEPSCOPE_MAX_STEPS"  # int; stop the job cleanly after N steps
+ENV_PROFILE_AT = "STEPSCOPE_PROFILE_AT"  # int; first step of a capture window
+ENV_PROFILE_STEPS = "STEPSCOPE_PROFILE_STEPS"  # int; steps in that window
+ENV_FLUSH_S = "STEPSCOPE_FLUSH_S"  # float; writer flush interval (default 1.0)
+ENV_PACKAGE_PATH = "STEPSCOPE_PACKAGE_PATH"  # dir holding the stepscope package
+ENV_PREV_PYTHONPATH = "STEPSCOPE_PREV_PYTHONPATH"  # the user's PYTHONPATH, to chain to
+ENV_DISABLE = "STEPSCOPE_DISABLE"  # "1": bootstrap does nothing (escape hatch)
+
+CONTROL_DIRNAME = "control"  # <run_dir>/control/capture.json requests a capture
+CAPTURE_REQUEST_FILE = "capture.json"  # {"id": str, "steps": int}

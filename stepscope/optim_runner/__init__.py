@@ -1,0 +1,1 @@
+"""Apply fixes and compare runs (see DESIGN.md; built on the store and the analyzers)."""

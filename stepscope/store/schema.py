@@ -1,0 +1,90 @@
+"""The run store's schema.
+
+One SQLite database in WAL mode is the spine every stage reads and writes: the
+launcher, each rank of a job, the system sampler and the dashboard all open it at the
+same time, so WAL (readers never block the writer) and a busy timeout are not optional.
+Bump SCHEMA_VERSION with every change and add the step to MIGRATIONS.
+"""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 1
+
+# Statuses a run can have. "running" is the only non-final one; a run whose launcher
+# vanished without finalising is turned into "lost" on the next read.
+RUN_STATUSES = ("running", "completed", "failed", "stopped", "interrupted", "killed", "lost")
+
+DDL = """
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS runs (
+    id              INTEGER PRIMARY KEY AUTOINCREMENT,
+    name            TEXT NOT NULL,
+    command         TEXT NOT NULL,          -- JSON list of argv
+    cwd             TEXT NOT NULL,
+    status          TEXT NOT NULL DEFAULT 'running',
+    exit_code       INTEGER,
+    error           TEXT,                   -- one line: why it failed
+    stop_reason     TEXT,                   -- e.g. 'max_steps' when stepscope stopped it
+    started_at      REAL NOT NULL,          -- unix seconds
+    ended_at        REAL,
+    host            TEXT NOT NULL,
+    pid             INTEGER,                -- the launcher's pid (liveness check)
+    pid_started_at  REAL,                   -- its create time, against pid reuse
+    max_steps       INTEGER,
+    env             TEXT NOT NULL DEFAULT '{}',   -- JSON: python, platform, relevant env vars
+    device          TEXT NOT NULL DEFAULT '{}',   -- JSON: torch, cuda, device names (from the job)
+    config          TEXT NOT NULL DEFAULT '{}',   -- JSON: stepscope options of this run
+    parent_run_id   INTEGER REFERENCES runs(id)   -- baseline a re-run derives from
+);
+
+CREATE TABLE IF NOT EXISTS steps (
+    run_id       INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    rank         INTEGER NOT NULL DEFAULT 0,
+    step         INTEGER NOT NULL,          -- 0-based, per rank
+    start_s      REAL NOT NULL,             -- unix seconds (host clock)
+    end_s        REAL NOT NULL,
+    data_wait_s  REAL NOT NULL DEFAULT 0,   -- time inside DataLoader iterator __next__
+    device_s     REAL,                      -- step time from CUDA events, when on CUDA
+    batch_size   INTEGER,
+    loss         REAL,
+    kind         TEXT NOT NULL,             -- 'optimizer' | 'forward' | 'mark'
+    profiled     INTEGER NOT NULL DEFAULT 0, -- 1 when inside a profiler capture window
+    PRIMARY KEY (run_id, rank, step)
+);
+
+CREATE TABLE IF NOT EXISTS samples (
+    run_id  INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    t       REAL NOT NULL,                  -- unix seconds
+    scope   TEXT NOT NULL,                  -- 'proc' | 'system' | 'gpu0', 'gpu1', ...
+    metric  TEXT NOT NULL,                  -- e.g. 'cpu_percent', 'rss_bytes', 'util_percent'
+    value   REAL
+);
+CREATE INDEX IF NOT EXISTS samples_run_t ON samples(run_id, t);
+
+CREATE TABLE IF NOT EXISTS artifacts (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id      INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    kind        TEXT NOT NULL,              -- 'trace' | 'memory_snapshot' | ...
+    path        TEXT NOT NULL,
+    rank        INTEGER NOT NULL DEFAULT 0,
+    created_at  REAL NOT NULL,
+    meta        TEXT NOT NULL DEFAULT '{}'
+);
+
+CREATE TABLE IF NOT EXISTS events (
+    run_id   INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    t        REAL NOT NULL,
+    rank     INTEGER,
+    level    TEXT NOT NULL,                 -- 'info' | 'warning' | 'error'
+    source   TEXT NOT NULL,                 -- which collector or stage
+    message  TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_run ON events(run_id, t);
+"""
+
+# version -> SQL that upgrades from version-1. Empty until the first change.
+MIGRATIONS: dict[int, str] = {}

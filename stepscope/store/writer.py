@@ -1,0 +1,147 @@
+"""Buffered, background writer for code that runs inside the user's job.
+
+The training loop must never wait on disk: collectors append rows to in-memory lists
+(a list append is atomic under the GIL) and a daemon thread commits them about once a
+second. A job killed with SIGKILL therefore loses at most the last interval.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from stepscope.store.store import RunStore
+
+FLUSH_INTERVAL_S = 1.0
+
+
+class BufferedWriter:
+    """Collects steps, samples, artifacts and log lines; commits them from a thread.
+
+    ``before_flush`` callbacks run on the flush thread just before each commit; the
+    step timer uses one to resolve CUDA events without synchronising the job.
+    Failures to write are reported once on stderr and never raised into the job.
+    """
+
+    def __init__(
+        self,
+        home: str | os.PathLike[str] | None,
+        run_id: int,
+        *,
+        interval_s: float = FLUSH_INTERVAL_S,
+        rank: int = 0,
+    ) -> None:
+        self.home = home
+        self.run_id = run_id
+        self.rank = rank
+        self.interval_s = interval_s
+        # deque.append/popleft are atomic, so producers never take a lock
+        self._steps: deque[dict[str, Any]] = deque()
+        self._samples: deque[tuple[float, str, str, float | None]] = deque()
+        self._artifacts: deque[dict[str, Any]] = deque()
+        self._events: deque[dict[str, Any]] = deque()
+        self._run_updates: deque[tuple[str, dict[str, Any]]] = deque()
+        self._store: RunStore | None = None
+        self.before_flush: list[Callable[[], None]] = []
+        self._lock = threading.Lock()  # serialises flushes, not appends
+        self._stop = threading.Event()
+        self._failed = False
+        self._pid = os.getpid()
+        self._thread = threading.Thread(target=self._loop, name="stepscope-writer", daemon=True)
+        self._thread.start()
+
+    # -- producers (called from the job's threads; cheap) -----------------------------
+    def add_step(self, row: dict[str, Any]) -> None:
+        row.setdefault("rank", self.rank)
+        self._steps.append(row)
+
+    def add_sample(self, t: float, scope: str, metric: str, value: float | None) -> None:
+        self._samples.append((t, scope, metric, value))
+
+    def add_artifact(self, kind: str, path: str, meta: dict[str, Any] | None = None) -> None:
+        self._artifacts.append({"kind": kind, "path": path, "meta": meta or {}})
+
+    def log(self, level: str, source: str, message: str) -> None:
+        self._events.append(
+            {"t": time.time(), "level": level, "source": source, "message": message}
+        )
+
+    def merge_run_json(self, column: str, values: dict[str, Any]) -> None:
+        self._run_updates.append((column, values))
+
+    # -- flushing ---------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.flush()
+
+    def flush(self) -> None:
+        """Commit everything buffered so far. Safe to call from any thread."""
+        if os.getpid() != self._pid:
+            return  # a forked child (DataLoader worker) must not write the parent's rows
+        with self._lock:
+            for callback in list(self.before_flush):
+                try:
+                    callback()
+                except Exception as exc:  # a collector bug must not stop the writer
+                    self.log("warning", "writer", f"flush callback failed: {exc!r}")
+            steps = _drain(self._steps)
+            samples = _drain(self._samples)
+            artifacts = _drain(self._artifacts)
+            events = _drain(self._events)
+            updates = _drain(self._run_updates)
+            if not (steps or samples or artifacts or events or updates):
+                return
+            try:
+                if self._store is None:
+                    self._store = RunStore(self.home, threadsafe=True)
+                store = self._store
+                store.add_steps(self.run_id, steps)
+                store.add_samples(self.run_id, samples)
+                for a in artifacts:
+                    store.add_artifact(
+                        self.run_id, a["kind"], a["path"], rank=self.rank, meta=a["meta"]
+                    )
+                for e in events:
+                    store.log_event(
+                        self.run_id, e["level"], e["source"], e["message"], rank=self.rank, t=e["t"]
+                    )
+                for column, values in updates:
+                    store.merge_run_json(self.run_id, column, values)
+            except Exception as exc:
+                if not self._failed:
+                    self._failed = True
+                    print(
+                        f"stepscope: cannot write to the run store ({exc}); "
+                        "recording continues in memory",
+                        file=sys.stderr,
+                    )
+                # put the rows back so a later flush can retry
+                self._steps.extendleft(reversed(steps))
+                self._samples.extendleft(reversed(samples))
+                self._artifacts.extendleft(reversed(artifacts))
+                self._events.extendleft(reversed(events))
+                self._run_updates.extendleft(reversed(updates))
+                self._store = None
+
+    def close(self) -> None:
+        """Stop the thread and commit what is left (called at interpreter exit)."""
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=5)
+        self.flush()
+
+
+def _drain(buffer: deque[Any]) -> list[Any]:
+    """Pop what is there now; items appended meanwhile wait for the next flush."""
+    out = []
+    try:
+        for _ in range(len(buffer)):
+            out.append(buffer.popleft())
+    except IndexError:
+        pass
+    return out
