@@ -72,7 +72,12 @@ class BufferedWriter:
         )
 
     def merge_run_json(self, column: str, values: dict[str, Any]) -> None:
+        """Merge keys into a JSON column of the run (env, device, config)."""
         self._run_updates.append((column, values))
+
+    def update_run(self, **fields: Any) -> None:
+        """Set plain columns of the run, e.g. ``stop_reason='max_steps'`` or ``error=...``."""
+        self._run_updates.append(("", fields))
 
     # -- flushing ---------------------------------------------------------------------
     def _loop(self) -> None:
@@ -111,7 +116,10 @@ class BufferedWriter:
                         self.run_id, e["level"], e["source"], e["message"], rank=self.rank, t=e["t"]
                     )
                 for column, values in updates:
-                    store.merge_run_json(self.run_id, column, values)
+                    if column:
+                        store.merge_run_json(self.run_id, column, values)
+                    else:
+                        store.update_run(self.run_id, **values)
             except Exception as exc:
                 if not self._failed:
                     self._failed = True
