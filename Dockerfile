@@ -1,0 +1,26 @@
+# stepscope on a CUDA host. Build:  docker build -t stepscope .
+# Record a job (GPU visible to the container, NVML through the NVIDIA container toolkit):
+#   docker run --gpus all -v $PWD:/work -v stepscope-home:/home/stepscope/.stepscope \
+#       stepscope run -- python /work/train.py
+# The PyTorch base image already holds a CUDA build of torch, so pip keeps it
+# (pyproject asks for torch>=2.1) instead of pulling a second, CPU-only one.
+FROM pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime
+
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONUNBUFFERED=1
+
+RUN useradd --create-home --uid 1000 stepscope
+WORKDIR /opt/stepscope
+COPY pyproject.toml README.md ./
+COPY stepscope ./stepscope
+COPY examples ./examples
+RUN pip install . && python -c "import stepscope, torch; print(stepscope.__version__, torch.__version__)"
+
+USER stepscope
+ENV STEPSCOPE_HOME=/home/stepscope/.stepscope
+# The dashboard's port, for when the dashboard lands; it binds to 127.0.0.1 unless told
+# otherwise, so inside a container pass --host 0.0.0.0 and publish the port on purpose.
+EXPOSE 8501
+ENTRYPOINT ["stepscope"]
+CMD ["--help"]

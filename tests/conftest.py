@@ -1,0 +1,17 @@
+"""Shared test set-up: every test gets its own run store, never the user's ~/.stepscope."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+# Scripts run on a real GPU by hand (see tests/gpu/README.md), not collected by pytest.
+collect_ignore = ["gpu", "jobs"]
+
+
+@pytest.fixture(autouse=True)
+def _isolated_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "stepscope-home"
+    monkeypatch.setenv("STEPSCOPE_HOME", str(home))
+    return home
