@@ -15,11 +15,15 @@ import sqlite3
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from stepscope.store.schema import DDL, MIGRATIONS, SCHEMA_VERSION
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# pandas is imported inside the read functions only: the writer runs inside every
+# process of the user's job, where importing pandas would cost ~1 s and ~50 MB each.
 
 _JSON_COLUMNS = ("command", "env", "device", "config")
 BUSY_TIMEOUT_MS = 10_000
@@ -209,6 +213,8 @@ class RunStore:
 
     def runs(self) -> pd.DataFrame:
         """All runs, newest first, with their step counts."""
+        import pandas as pd
+
         self.reconcile()
         df = pd.read_sql_query(
             "SELECT r.*, (SELECT COUNT(*) FROM steps s WHERE s.run_id=r.id) AS steps"
@@ -321,12 +327,16 @@ class RunStore:
             )
 
     def steps(self, run_id: int) -> pd.DataFrame:
+        import pandas as pd
+
         return pd.read_sql_query(
             "SELECT * FROM steps WHERE run_id=? ORDER BY rank, step", self._conn, params=(run_id,)
         )
 
     def samples(self, run_id: int, wide: bool = False) -> pd.DataFrame:
         """Samples in long form (t, scope, metric, value), or wide: one column per scope.metric."""
+        import pandas as pd
+
         df = pd.read_sql_query(
             "SELECT t, scope, metric, value FROM samples WHERE run_id=? ORDER BY t",
             self._conn,
@@ -338,6 +348,8 @@ class RunStore:
         return df.pivot_table(index="t", columns="column", values="value", aggfunc="last")
 
     def artifacts(self, run_id: int) -> pd.DataFrame:
+        import pandas as pd
+
         df = pd.read_sql_query(
             "SELECT * FROM artifacts WHERE run_id=? ORDER BY id", self._conn, params=(run_id,)
         )
@@ -345,6 +357,8 @@ class RunStore:
         return df
 
     def events(self, run_id: int) -> pd.DataFrame:
+        import pandas as pd
+
         return pd.read_sql_query(
             "SELECT * FROM events WHERE run_id=? ORDER BY t", self._conn, params=(run_id,)
         )

@@ -1,0 +1,383 @@
+"""`stepscope runs`, `stepscope show RUN`, `stepscope capture RUN`.
+
+The JSON forms are the contract (tests and scripts read them); the tables are the same
+data for people. Both are built from one dict per run (``run_summary``), so they cannot
+disagree, and the dashboard can call the same function.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from datetime import datetime
+from typing import Any
+
+# Samples shown in the readable view of `show` (JSON carries every metric).
+_SHOWN_SAMPLES = (
+    ("proc.cpu_percent", "job CPU %", "pct"),
+    ("proc.cpu_max_process_percent", "busiest process CPU %", "pct"),
+    ("proc.cpu_max_thread_percent", "busiest thread CPU %", "pct"),
+    ("proc.rss_bytes", "job RSS", "bytes"),
+    ("proc.children", "child processes", "num"),
+    ("proc.read_bytes_per_s", "job disk read", "rate"),
+    ("system.cpu_percent", "machine CPU %", "pct"),
+    ("system.iowait_percent", "machine iowait %", "pct"),
+    ("system.mem_used_bytes", "machine memory used", "bytes"),
+    ("system.disk_read_bytes_per_s", "machine disk read", "rate"),
+)
+_GPU_SHOWN = (
+    ("util_percent", "GPU util %", "pct"),
+    ("mem_used_bytes", "GPU memory used", "bytes"),
+    ("job_mem_used_bytes", "job GPU memory", "bytes"),
+    ("power_w", "GPU power W", "num"),
+)
+
+
+# -- data --------------------------------------------------------------------------
+def run_row(store: Any, run: dict[str, Any], steps: Any) -> dict[str, Any]:
+    """The fields `runs` lists for one run."""
+    from stepscope.analyzers.step_stats import summarize_steps
+
+    summary = summarize_steps(steps)
+    run = {k: None if _isnan(v) else v for k, v in run.items()}  # pandas NaN -> None
+    return {
+        "id": int(run["id"]),
+        "name": run["name"],
+        "status": run["status"],
+        "exit_code": None if run["exit_code"] is None else int(run["exit_code"]),
+        "steps": int(len(steps)),
+        "started_at": run["started_at"],
+        "ended_at": run["ended_at"],
+        "duration_s": _duration(run),
+        "command": run["command"],
+        "error": run["error"],
+        "stop_reason": run["stop_reason"],
+        "step_time_median_s": summary["step_time_median_s"],
+    }
+
+
+def run_summary(store: Any, run_id: int) -> dict[str, Any]:
+    """Everything `show` prints about one run."""
+    from stepscope.analyzers.step_stats import summarize_steps
+
+    run = store.run(run_id)
+    steps = store.steps(run_id)
+    summary = summarize_steps(steps)
+    artifacts = store.artifacts(run_id)
+    art_list = [
+        {"kind": a.kind, "path": a.path, "rank": int(a.rank), "created_at": a.created_at}
+        for a in artifacts.itertuples()
+    ]
+    events = store.events(run_id)
+    out: dict[str, Any] = {
+        "id": int(run["id"]),
+        "name": run["name"],
+        "status": run["status"],
+        "exit_code": run["exit_code"],
+        "error": run["error"],
+        "stop_reason": run["stop_reason"],
+        "command": run["command"],
+        "cwd": run["cwd"],
+        "host": run["host"],
+        "started_at": run["started_at"],
+        "ended_at": run["ended_at"],
+        "duration_s": _duration(run),
+        "max_steps": run["max_steps"],
+        "parent_run_id": run["parent_run_id"],
+        "run_dir": str(store.home / "runs" / str(run_id)),
+        "device": run["device"],
+        "env": run["env"],
+        "config": run["config"],
+    }
+    out.update(summary)
+    out["warmup"] = {"steps": summary["warmup_steps"], "time_s": summary["warmup_time_s"]}
+    out["artifacts"] = [a["path"] for a in art_list]
+    out["artifact_details"] = art_list
+    out["samples"] = samples_summary(store.samples(run_id))
+    out["events"] = [
+        {
+            "t": e.t,
+            "rank": None if _isnan(e.rank) else int(e.rank),
+            "level": e.level,
+            "source": e.source,
+            "message": e.message,
+        }
+        for e in events.itertuples()
+    ]
+    return out
+
+
+def samples_summary(samples: Any) -> dict[str, Any]:
+    """Mean and max of every sampled metric, keyed ``scope.metric``."""
+    if samples.empty:
+        return {"count": 0, "duration_s": None, "metrics": {}}
+    grouped = samples.dropna(subset=["value"]).groupby(["scope", "metric"])["value"]
+    metrics = {
+        f"{scope}.{metric}": {"mean": float(s.mean()), "max": float(s.max()), "n": int(len(s))}
+        for (scope, metric), s in grouped
+    }
+    return {
+        "count": int(samples["t"].nunique()),
+        "duration_s": float(samples["t"].max() - samples["t"].min()),
+        "metrics": metrics,
+    }
+
+
+# -- verbs ---------------------------------------------------------------------------
+def cmd_runs(as_json: bool) -> int:
+    from stepscope.store import RunStore
+
+    with RunStore() as store:
+        runs = store.runs()
+        rows = []
+        for rec in runs.to_dict("records"):
+            rows.append(run_row(store, rec, store.steps(int(rec["id"]))))
+    if as_json:
+        _print_json(rows)
+        return 0
+    from rich.table import Table
+
+    if not rows:
+        _console().print(f"no runs yet in {store.home}: try stepscope run -- python train.py")
+        return 0
+    table = Table(title=f"runs in {store.home}", title_justify="left")
+    for col, justify in (
+        ("id", "right"),
+        ("name", "left"),
+        ("status", "left"),
+        ("exit", "right"),
+        ("steps", "right"),
+        ("median step", "right"),
+        ("started", "left"),
+        ("duration", "right"),
+    ):
+        table.add_column(col, justify=justify, no_wrap=col in ("started", "status"))  # type: ignore[arg-type]
+    for r in rows:
+        table.add_row(
+            str(r["id"]),
+            r["name"],
+            _status_text(r["status"]),
+            "" if r["exit_code"] is None else str(r["exit_code"]),
+            str(r["steps"]),
+            _fmt_s(r["step_time_median_s"]),
+            _fmt_time(r["started_at"], short=True),
+            _fmt_s(r["duration_s"], digits=1),
+        )
+    _console().print(table)
+    return 0
+
+
+def cmd_show(ref: str, as_json: bool) -> int:
+    from stepscope.store import RunStore
+
+    with RunStore() as store:
+        run_id = store.resolve_run(ref)
+        data = run_summary(store, run_id)
+    if as_json:
+        _print_json(data)
+        return 0
+    _print_show(data)
+    return 0
+
+
+def cmd_capture(ref: str, steps: int) -> int:
+    from stepscope.collectors.control import request_capture
+    from stepscope.store import RunStore
+
+    with RunStore() as store:
+        run_id = store.resolve_run(ref)
+        run = store.run(run_id)
+        if run["status"] != "running":
+            print(
+                f"stepscope: run {run_id} is not running (status: {run['status']}); "
+                "a capture can only be requested from a running job",
+                file=sys.stderr,
+            )
+            return 1
+        if steps < 1:
+            print(f"stepscope: --steps must be at least 1, not {steps}", file=sys.stderr)
+            return 2
+        run_dir = store.run_dir(run_id)
+        request_id = request_capture(run_dir, steps)
+    print(
+        f"stepscope: asked run {run_id} to profile its next {steps} step(s) "
+        f"(request {request_id[:8]}); each rank starts at its next step boundary and the "
+        f"trace lands in {run_dir} — see it with: stepscope show {run_id}"
+    )
+    return 0
+
+
+# -- rendering -------------------------------------------------------------------------
+def _print_show(d: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    console = _console()
+    head = Table(show_header=False, title=f"run {d['id']}: {d['name']}", title_justify="left")
+    head.add_column(style="bold")
+    head.add_column()
+    head.add_row("status", _status_text(d["status"]))
+    head.add_row("command", " ".join(d["command"]) if isinstance(d["command"], list) else "")
+    if d["exit_code"] is not None:
+        head.add_row("exit code", str(d["exit_code"]))
+    if d["error"]:
+        head.add_row("error", str(d["error"]))
+    if d["stop_reason"]:
+        head.add_row("stop reason", str(d["stop_reason"]))
+    head.add_row("started", _fmt_time(d["started_at"]))
+    head.add_row("duration", _fmt_s(d["duration_s"], digits=1))
+    if d["device"]:
+        head.add_row("device", ", ".join(f"{k}={v}" for k, v in d["device"].items()))
+    head.add_row("folder", d["run_dir"])
+    console.print(head)
+
+    st = Table(show_header=False, title="steps", title_justify="left")
+    st.add_column(style="bold")
+    st.add_column(justify="right")
+    ranks = d["ranks"]
+    st.add_row("steps", f"{d['steps']}" + (f" over {len(ranks)} ranks" if len(ranks) > 1 else ""))
+    st.add_row("warm-up (excluded)", f"{d['warmup_steps']} steps, {_fmt_s(d['warmup_time_s'])}")
+    if d["profiled_steps"]:
+        st.add_row("profiled (excluded)", str(d["profiled_steps"]))
+    st.add_row("median step time", _fmt_s(d["step_time_median_s"]))
+    st.add_row("p95 step time", _fmt_s(d["step_time_p95_s"]))
+    if d["device_step_time_median_s"] is not None:
+        st.add_row("median device time", _fmt_s(d["device_step_time_median_s"]))
+    st.add_row("steps/s", _fmt_num(d["steps_per_s"]))
+    st.add_row("samples/s", _fmt_num(d["samples_per_s"]))
+    share = d["data_wait_share"]
+    st.add_row("waiting for data", "—" if share is None else f"{share * 100:.1f} % of step time")
+    if d["loss_first"] is not None:
+        st.add_row("loss first → last", f"{d['loss_first']:.4g} → {d['loss_last']:.4g}")
+    console.print(st)
+
+    metrics = d["samples"]["metrics"]
+    shown = [(k, label, kind) for k, label, kind in _SHOWN_SAMPLES if k in metrics]
+    gpus = sorted({k.split(".")[0] for k in metrics if k.startswith("gpu")})
+    for gpu in gpus:
+        shown += [(f"{gpu}.{m}", f"{gpu} {label}", kind) for m, label, kind in _GPU_SHOWN]
+    shown = [s for s in shown if s[0] in metrics]
+    if shown:
+        sm = Table(title=f"samples ({d['samples']['count']})", title_justify="left")
+        sm.add_column("metric")
+        sm.add_column("mean", justify="right")
+        sm.add_column("max", justify="right")
+        for key, label, kind in shown:
+            m = metrics[key]
+            sm.add_row(label, _fmt_kind(m["mean"], kind), _fmt_kind(m["max"], kind))
+        console.print(sm)
+
+    if d["artifact_details"]:
+        art = Table(title="artifacts", title_justify="left")
+        art.add_column("kind")
+        art.add_column("rank", justify="right")
+        art.add_column("path", overflow="fold")
+        for a in d["artifact_details"]:
+            art.add_row(a["kind"], str(a["rank"]), a["path"])
+        console.print(art)
+
+    if d["events"]:
+        ev = Table(title="log", title_justify="left")
+        ev.add_column("time")
+        ev.add_column("level")
+        ev.add_column("source")
+        ev.add_column("message", overflow="fold")
+        for e in d["events"]:
+            ev.add_row(_fmt_time(e["t"], clock=True), e["level"], e["source"], e["message"])
+        console.print(ev)
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console(highlight=False)
+
+
+def _status_text(status: str) -> str:
+    colour = {
+        "running": "cyan",
+        "completed": "green",
+        "stopped": "green",
+        "failed": "red",
+        "killed": "red",
+        "lost": "yellow",
+        "interrupted": "yellow",
+    }.get(status, "white")
+    return f"[{colour}]{status}[/{colour}]"
+
+
+def _duration(run: dict[str, Any]) -> float | None:
+    start = run.get("started_at")
+    if start is None:
+        return None
+    end = run.get("ended_at")
+    if end is None or _isnan(end):
+        return time.time() - start if run.get("status") == "running" else None
+    return float(end - start)
+
+
+def _fmt_time(t: float | None, clock: bool = False, short: bool = False) -> str:
+    if t is None or _isnan(t):
+        return "—"
+    fmt = "%H:%M:%S" if clock else "%m-%d %H:%M" if short else "%Y-%m-%d %H:%M:%S"
+    return datetime.fromtimestamp(t).strftime(fmt)
+
+
+def _fmt_s(s: float | None, digits: int | None = None) -> str:
+    if s is None or _isnan(s):
+        return "—"
+    if digits is not None:
+        return f"{s:.{digits}f} s"
+    if s < 1e-3:
+        return f"{s * 1e6:.0f} µs"
+    if s < 1:
+        return f"{s * 1e3:.1f} ms"
+    return f"{s:.2f} s"
+
+
+def _fmt_num(x: float | None) -> str:
+    return "—" if x is None or _isnan(x) else f"{x:.3g}" if x < 100 else f"{x:,.0f}"
+
+
+def _fmt_kind(x: float, kind: str) -> str:
+    if kind == "pct":
+        return f"{x:.0f}"
+    if kind == "bytes":
+        return _fmt_bytes(x)
+    if kind == "rate":
+        return _fmt_bytes(x) + "/s"
+    return f"{x:.3g}"
+
+
+def _fmt_bytes(x: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(x) < 1024:
+            return f"{x:.0f} {unit}" if unit == "B" else f"{x:.1f} {unit}"
+        x /= 1024
+    return f"{x:.1f} TiB"
+
+
+def _isnan(x: Any) -> bool:
+    if x is None:
+        return True
+    if not isinstance(x, float):
+        return False
+    return math.isnan(x)
+
+
+def _jsonable(obj: Any) -> Any:
+    """pandas hands back numpy scalars and NaN; JSON wants plain numbers and null."""
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_jsonable(v) for v in obj]
+    if hasattr(obj, "item") and not isinstance(obj, str | bytes):
+        obj = obj.item()  # numpy scalar
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def _print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(_jsonable(data), indent=2) + "\n")

@@ -1,0 +1,283 @@
+"""Set-up inside every Python process of a job run under ``stepscope run``.
+
+Called from ``boot/sitecustomize.py`` before the user's script starts. It costs next
+to nothing until torch is imported: the step timer is installed by an import hook when
+``import torch`` finishes, and the run store writer (a thread plus a SQLite handle) is
+created only when the process has something to write. Processes of the job that never
+train — the ``torchrun`` agent, spawned DataLoader workers, helper subprocesses —
+therefore record nothing and pay nothing.
+
+What ends up in the run's row: ``device`` (torch/CUDA/CPU facts, merged per rank),
+``error`` (one line, from the job's uncaught exception) and ``stop_reason``
+(``'max_steps'``, from the step timer). The launcher owns status and exit code.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib.abc
+import os
+import signal
+import sys
+import traceback
+from typing import Any
+
+from stepscope.collectors import contract
+
+_state: _Bootstrap | None = None
+
+
+def install() -> None:
+    """Entry point for the sitecustomize; idempotent, inert without STEPSCOPE_RUN_ID."""
+    global _state
+    if _state is not None:
+        return
+    env = os.environ
+    if not env.get(contract.ENV_RUN_ID) or env.get(contract.ENV_DISABLE) == "1":
+        return
+    _state = _Bootstrap(env)
+    _state.start()
+
+
+def writer() -> Any:
+    """The process's BufferedWriter (created on first use), or None when not installed."""
+    return _state.writer() if _state is not None else None
+
+
+class _Bootstrap:
+    def __init__(self, env: Any) -> None:
+        self.run_id = int(env[contract.ENV_RUN_ID])
+        self.home = env.get(contract.ENV_HOME) or None
+        self.run_dir = env.get(contract.ENV_RUN_DIR) or None
+        self.rank = _int(env.get("RANK"))  # None: the step timer asks torch.distributed
+        self.max_steps = _int(env.get(contract.ENV_MAX_STEPS))
+        self.profile_at = _int(env.get(contract.ENV_PROFILE_AT))
+        self.profile_steps = _int(env.get(contract.ENV_PROFILE_STEPS))
+        self.flush_s = _float(env.get(contract.ENV_FLUSH_S)) or 1.0
+        self.pid = os.getpid()
+        self._writer: Any = None
+        self.timer: Any = None
+        self._prev_excepthook: Any = None
+        self._interrupted = False
+
+    def start(self) -> None:
+        self._prev_excepthook = sys.excepthook
+        sys.excepthook = self._excepthook
+        atexit.register(self._close_writer)  # registered first, so it runs last
+        if "torch" in sys.modules:
+            self.on_torch_imported()
+        else:
+            sys.meta_path.insert(0, _TorchImportHook(self.on_torch_imported))
+
+    def writer(self) -> Any:
+        if self._writer is None:
+            from stepscope.store.writer import BufferedWriter
+
+            self._writer = BufferedWriter(
+                self.home, self.run_id, interval_s=self.flush_s, rank=self.current_rank()
+            )
+            if self.timer is not None:
+                self._writer.before_flush.append(self.timer.resolve_pending)
+        return self._writer
+
+    def current_rank(self) -> int:
+        if self.timer is not None:
+            return int(self.timer.rank)
+        return self.rank or 0
+
+    # -- torch ------------------------------------------------------------------------
+    def on_torch_imported(self) -> None:
+        if os.getpid() != self.pid:
+            return
+        try:
+            from stepscope.collectors import step_timer
+            from stepscope.collectors.profiler_capture import CaptureController
+
+            capture = CaptureController(
+                self.writer,
+                self.run_dir,
+                rank=self.rank or 0,
+                profile_at=self.profile_at,
+                profile_steps=self.profile_steps,
+            )
+            timer = step_timer.StepTimer(
+                self.writer,
+                rank=self.rank,
+                max_steps=self.max_steps,
+                capture=capture,
+                on_first_step=self._record_device_info,
+            )
+            timer.install()
+            self.timer = timer
+            if self._writer is not None:
+                self._writer.before_flush.append(timer.resolve_pending)
+            step_timer.set_current(timer)
+            # Registered after torch's own atexit handlers, so it runs before them.
+            atexit.register(self._finalize_timer)
+        except Exception as exc:
+            _say(f"step timer disabled ({type(exc).__name__}: {exc})")
+            with contextlib.suppress(Exception):
+                self.writer().log("warning", "bootstrap", f"step timer disabled: {exc!r}")
+
+    def _record_device_info(self) -> None:
+        """Called by the step timer at its first step, once the rank is known."""
+        rank = self.current_rank()
+        writer = self.writer()
+        writer.rank = rank  # the rank may have come from torch.distributed just now
+        info = device_info()
+        info["rank"] = rank
+        writer.merge_run_json("device", info if rank == 0 else {f"rank{rank}": info})
+
+    # -- exit paths -------------------------------------------------------------------
+    def _finalize_timer(self) -> None:
+        if os.getpid() != self.pid or self.timer is None:
+            return
+        with contextlib.suppress(Exception):
+            self.timer.finalize()
+
+    def _close_writer(self) -> None:
+        if os.getpid() != self.pid:
+            return
+        self._finalize_timer()
+        if self._writer is not None:
+            self._writer.close()
+        if self._interrupted:
+            _die_by_sigint()
+
+    def _excepthook(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if isinstance(exc_type, type) and issubclass(exc_type, KeyboardInterrupt):
+            self._interrupted = True
+        try:
+            if os.getpid() == self.pid and not _is_launcher_agent():
+                w = self.writer()
+                w.update_run(error=one_line_error(exc_type, exc))
+                self._finalize_timer()
+                w.flush()
+        except Exception:
+            pass
+        finally:
+            (self._prev_excepthook or sys.__excepthook__)(exc_type, exc, tb)
+
+
+class _TorchImportHook(importlib.abc.MetaPathFinder):
+    """Runs a callback right after ``import torch`` has finished executing.
+
+    It finds torch's spec through the other finders and wraps the loader's
+    exec_module on that one spec, so torch itself is imported exactly as before.
+    """
+
+    def __init__(self, callback: Any) -> None:
+        self.callback = callback
+        self.done = False
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "torch" or self.done:
+            return None
+        self.done = True
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+        spec = None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if find is None:
+                continue
+            spec = find(name, path, target)
+            if spec is not None:
+                break
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        original = spec.loader.exec_module
+        callback = self.callback
+
+        def exec_module(module: Any) -> None:
+            original(module)
+            try:
+                callback()
+            except Exception as exc:
+                _say(f"step timer disabled ({type(exc).__name__}: {exc})")
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def device_info() -> dict[str, Any]:
+    """Facts about this process's torch and devices, without initialising CUDA.
+
+    Device names and capabilities are read only when the job has initialised CUDA
+    itself: creating a context here would cost memory on a GPU the rank may not use.
+    """
+    import torch
+
+    info: dict[str, Any] = {
+        "torch": torch.__version__,
+        "cuda_version": torch.version.cuda,
+        "cuda_available": bool(torch.cuda.is_available()),
+        "cpu_count": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(),
+        "world_size": _int(os.environ.get("WORLD_SIZE")) or 1,
+        "rank": _int(os.environ.get("RANK")) or 0,
+    }
+    if info["cuda_available"]:
+        info["device_count"] = torch.cuda.device_count()
+    if torch.cuda.is_initialized():
+        index = torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        info.update(
+            device=index,
+            device_name=props.name,
+            capability=f"{props.major}.{props.minor}",
+            device_memory_bytes=int(props.total_memory),
+            cudnn=torch.backends.cudnn.version(),
+        )
+    return info
+
+
+def one_line_error(exc_type: Any, exc: Any) -> str:
+    """``ZeroDivisionError: division by zero``: the last line a traceback would print."""
+    lines = traceback.format_exception_only(exc_type, exc)
+    text = next((ln.strip() for ln in reversed(lines) if ln.strip()), exc_type.__name__)
+    return text.splitlines()[0][:500]
+
+
+def _die_by_sigint() -> None:
+    """End the process by SIGINT, as CPython does after an unhandled KeyboardInterrupt.
+
+    CPython remembers the unhandled KeyboardInterrupt in a flag and kills itself with
+    SIGINT at exit (so shells see 130 / -SIGINT); any import inside an excepthook (the
+    store pulls in sqlite3 and friends) clears that flag and the job would exit 1.
+    Runs last among the atexit handlers, so everything else has been flushed.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def _is_launcher_agent() -> bool:
+    """The torchrun agent: its children's failures are theirs to record, not its own."""
+    argv0 = (sys.argv[0] if sys.argv else "").replace("\\", "/")
+    return os.path.basename(argv0) == "torchrun" or argv0.endswith(
+        ("torch/distributed/run.py", "torch/distributed/launch.py")
+    )
+
+
+def _say(message: str) -> None:
+    with contextlib.suppress(Exception):
+        sys.stderr.write(f"stepscope: {message}\n")
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value not in (None, "") else None
+    except ValueError:
+        return None
+
+
+def _float(value: str | None) -> float | None:
+    try:
+        return float(value) if value not in (None, "") else None
+    except ValueError:
+        return None

@@ -1,0 +1,188 @@
+"""Profiler capture windows: K steps of torch.profiler (and a CUDA memory snapshot).
+
+The step timer calls :meth:`CaptureController.on_boundary` between steps, on the
+thread that runs the training loop, because torch.profiler and the CUDA memory
+history must be started and stopped where the work happens. A window is opened by
+``STEPSCOPE_PROFILE_AT``/``STEPSCOPE_PROFILE_STEPS`` or by a request file
+(``stepscope capture``). The trace is written with the file naming of
+``tensorboard_trace_handler`` so TensorBoard, HTA and Perfetto open it unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from stepscope.collectors.control import CapturePoller
+
+MEMORY_HISTORY_ENTRIES = 100_000
+
+
+class CaptureController:
+    """Opens, advances and closes one capture window at a time; disables itself on error.
+
+    ``writer`` is a zero-argument callable returning the run's BufferedWriter, so that
+    processes which never reach a step never create one.
+    """
+
+    def __init__(
+        self,
+        writer: Callable[[], Any],
+        run_dir: str | None,
+        *,
+        rank: int = 0,
+        profile_at: int | None = None,
+        profile_steps: int | None = None,
+        poll: bool = True,
+    ) -> None:
+        self._writer = writer
+        self.run_dir = run_dir
+        self.rank = rank
+        self.profile_at = profile_at
+        self.profile_steps = max(1, int(profile_steps or 3))
+        self.poller = CapturePoller(run_dir) if (poll and run_dir) else None
+        self.active = False
+        self.disabled = run_dir is None
+        self._prof: Any = None
+        self._first = 0
+        self._steps = 0
+        self._reason = ""
+        self._request_id: str | None = None
+        self._memory_history = False
+        self._said_cpu_memory = False
+        self._stem = ""
+
+    # -- called by the step timer between steps ---------------------------------------
+    def on_boundary(self, next_step: int) -> bool:
+        """Step ``next_step`` is about to start; returns True if slow work was done here.
+
+        Slow work (starting the profiler, exporting a trace) is reported so the step
+        timer can start the next step after it rather than charge it to the job.
+        """
+        if self.disabled:
+            return False
+        try:
+            if self.active:
+                if next_step - self._first < self._steps:
+                    self._prof.step()
+                    return False
+                self._finish(next_step - self._first)
+                return True
+            if self.profile_at is not None and next_step >= self.profile_at:
+                self.profile_at = None  # fires once
+                self._start(next_step, self.profile_steps, "scheduled", None)
+                return True
+            if self.poller is not None:
+                request = self.poller.poll()
+                if request is not None:
+                    self.poller.served(request["id"])
+                    self._start(next_step, request["steps"], "request", request["id"])
+                    return True
+        except Exception as exc:
+            self._fail(exc)
+            return True
+        return False
+
+    def close(self, next_step: int | None = None) -> None:
+        """End an open window early (job stopping): keep what was captured."""
+        if self.active and not self.disabled:
+            try:
+                done = self._steps if next_step is None else next_step - self._first
+                self._finish(max(0, min(done, self._steps)))
+            except Exception as exc:
+                self._fail(exc)
+
+    # -- internals ------------------------------------------------------------------
+    def _start(self, first: int, steps: int, reason: str, request_id: str | None) -> None:
+        import torch
+        from torch.profiler import ProfilerAction, ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU]
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        if cuda:
+            activities.append(ProfilerActivity.CUDA)
+        # A schedule makes torch.profiler annotate steps (record_steps); "always
+        # RECORD" plus stop() after K steps yields exactly K ProfilerStep# ranges,
+        # where the stock RECORD_AND_SAVE schedule would open a (K+1)th empty one.
+        prof = profile(
+            activities=activities,
+            schedule=lambda _step: ProfilerAction.RECORD,
+            on_trace_ready=self._export,
+            record_shapes=True,
+            profile_memory=True,
+            with_stack=True,
+        )
+        prof.step_num = first  # ProfilerStep#N then names the job's own step N
+        self._stem = f"{socket.gethostname()}_{os.getpid()}.{int(time.time() * 1000)}"
+        self._first, self._steps, self._reason, self._request_id = first, steps, reason, request_id
+        if cuda:
+            torch.cuda.memory._record_memory_history(max_entries=MEMORY_HISTORY_ENTRIES)
+            self._memory_history = True
+        elif not self._said_cpu_memory:
+            self._said_cpu_memory = True
+            self._writer().log(
+                "info",
+                "capture",
+                "no CUDA in use: no memory snapshot; the profiler's memory events "
+                "(profile_memory=True) stand in for it",
+            )
+        self._prof = prof
+        self.active = True
+        prof.__enter__()
+
+    def _finish(self, steps_done: int) -> None:
+        prof, self._prof = self._prof, None
+        self.active = False
+        self._steps_done = steps_done
+        try:
+            prof.__exit__(None, None, None)  # stop(): closes the last step, exports
+        finally:
+            if self._memory_history:
+                self._dump_memory_snapshot()
+
+    def _meta(self) -> dict[str, Any]:
+        return {
+            "first_step": self._first,
+            "steps": getattr(self, "_steps_done", self._steps),
+            "rank": self.rank,
+            "reason": self._reason,
+            "request_id": self._request_id,
+        }
+
+    def _export(self, prof: Any) -> None:
+        path = os.path.join(str(self.run_dir), f"{self._stem}.pt.trace.json.gz")
+        prof.export_chrome_trace(path)
+        self._writer().add_artifact("trace", path, self._meta())
+
+    def _dump_memory_snapshot(self) -> None:
+        import torch
+
+        self._memory_history = False
+        path = os.path.join(str(self.run_dir), f"{self._stem}.memory_snapshot.pickle")
+        try:
+            torch.cuda.memory._dump_snapshot(path)
+            self._writer().add_artifact("memory_snapshot", path, self._meta())
+        finally:
+            torch.cuda.memory._record_memory_history(enabled=None)
+
+    def _fail(self, exc: BaseException) -> None:
+        self.disabled = True
+        self.active = False
+        prof, self._prof = self._prof, None
+        if prof is not None:
+            with contextlib.suppress(Exception):
+                prof.__exit__(None, None, None)
+        if self._memory_history:
+            self._memory_history = False
+            try:
+                import torch
+
+                torch.cuda.memory._record_memory_history(enabled=None)
+            except Exception:
+                pass
+        with contextlib.suppress(Exception):
+            self._writer().log("warning", "capture", f"profiler capture disabled: {exc!r}")

@@ -1,0 +1,620 @@
+"""Finds the steps of an unmodified job and times them.
+
+Where a step ends, in order of precedence:
+
+* ``stepscope.mark_step()`` (explicit mode): once called, it alone defines steps.
+* ``optimizer.step()`` (optimizer mode), through torch's global optimizer post hook.
+  With several optimizers (a GAN's generator and discriminator), the optimizer that
+  stepped first in the job is the anchor and only its steps end a step, so one
+  iteration is one step whatever the number of optimizers.
+* the end of an outermost ``nn.Module`` call (forward mode, for inference), through
+  torch's global forward hooks; nested module calls are ignored, and so are top-level
+  calls of modules other than the first one called (the anchor: a loss or softmax
+  module applied to the model's output is part of the step, not a step). The global hooks take
+  every module call off torch's fast path, so they are removed as soon as the first
+  optimizer step (or mark) shows they are not needed.
+
+A step spans [end of the previous step, end of this one]; the first one starts at the
+first sign of activity (DataLoader, a forward, a backward). Forward steps run with
+grad enabled are held back until it is clear no optimizer step follows them (a
+training iteration's forward must not count as a step of its own), then written.
+
+Everything here runs on the job's hot path: a hook only appends to memory; the store
+is written by the BufferedWriter's thread, which also resolves CUDA events (device
+time, loss values) once they have completed, so the job never synchronises for us.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+import warnings
+import weakref
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+# Grad-enabled forward steps wait this long for an optimizer step before they are
+# taken for inference steps; longer once a backward was seen (gradient accumulation).
+CONFIRM_FORWARD_S = 1.0
+CONFIRM_FORWARD_AFTER_BACKWARD_S = 5.0
+# A step row waits this long for its CUDA event before it is written without device_s.
+CUDA_WAIT_S = 2.0
+# Bookkeeping between two steps longer than this (first-step set-up, a capture) is
+# left out of the next step rather than charged to it.
+OWN_WORK_GAP_S = 0.001
+
+_timer: StepTimer | None = None
+
+
+class StepLimitReached(SystemExit):
+    """Raised in the job after ``STEPSCOPE_MAX_STEPS`` steps: exits with code 0.
+
+    A SystemExit so that ``except Exception`` in the user's loop cannot swallow it,
+    and so that atexit handlers (our final flush) still run.
+    """
+
+    def __init__(self, steps: int) -> None:
+        super().__init__(0)
+        self.steps = steps
+
+
+def mark_step() -> None:
+    """Public entry (``stepscope.mark_step``): a no-op outside ``stepscope run``."""
+    timer = _timer
+    if timer is not None:
+        timer.mark()
+
+
+def current() -> StepTimer | None:
+    return _timer
+
+
+class StepTimer:
+    """Step detection and per-step accounting for one process (one rank)."""
+
+    def __init__(
+        self,
+        writer: Callable[[], Any],
+        *,
+        rank: int | None = None,
+        max_steps: int | None = None,
+        capture: Any = None,
+        on_first_step: Callable[[], None] | None = None,
+    ) -> None:
+        self._writer = writer
+        # RANK from the environment (torchrun); None: ask torch.distributed at the
+        # first step (mp.spawn-style jobs), else 0.
+        self._rank_from_env = rank
+        self.rank = rank or 0
+        self._rank_known = rank is not None
+        self.max_steps = max_steps if max_steps and max_steps > 0 else None
+        self.capture = capture
+        self._on_first_step = on_first_step
+        self.mode = "auto"  # 'auto' (forward + optimizer) | 'optimizer' | 'mark'
+        self.inert = False  # set in forked children and after a stop or a failure
+        self.step = 0
+        self.installed_at = time.time()
+        self.start_s: float | None = None
+        self.first_activity_s: float | None = None
+        self.profiled = False
+        # totals over written steps, so that a first mark_step() can take them back
+        self._emitted_data_wait = 0.0
+        self._emitted_batch = 0
+        # per-step accumulators, reset at each step end
+        self.data_wait = 0.0
+        self.batch = 0
+        self.losses: list[Any] = []
+        self.backward_seen = False
+        self._pending_fwd: list[dict[str, Any]] = []
+        self._fwd_confirmed = False
+        self._anchor: weakref.ReferenceType[Any] | None = None
+        self._fwd_anchor: weakref.ReferenceType[Any] | None = None
+        self._tls = threading.local()
+        self._handles: list[Any] = []
+        self._fwd_handles: list[Any] = []
+        self._patches: list[tuple[Any, str, Any]] = []
+        self._cuda_rows: deque[dict[str, Any]] = deque()
+        self._last_event: Any = None
+        self._side_streams: dict[int, Any] = {}
+        self._final = False
+        self._torch: Any = None
+        self._is_compiling: Callable[[], bool] = _false
+        self._tensor_type: type | None = None
+        self._disabled: set[str] = set()
+
+    # -- installation -------------------------------------------------------------------
+    def install(self) -> None:
+        """Register torch's global hooks and patch the DataLoader and backward."""
+        import torch
+        import torch.nn.modules.module as module_mod
+        import torch.optim.optimizer as optim_mod
+        import torch.utils.data.dataloader as dl_mod
+
+        self._torch = torch
+        self._tensor_type = torch.Tensor
+        self._is_compiling = torch.compiler.is_compiling
+        self._handles.append(optim_mod.register_optimizer_step_post_hook(self._optimizer_hook))
+        self._fwd_handles = [
+            module_mod.register_module_forward_pre_hook(self._forward_pre_hook),
+            module_mod.register_module_forward_hook(self._forward_hook, always_call=True),
+        ]
+        # torch.compile warns (on the job's stderr) that global hooks fire once more for
+        # the OptimizedModule wrapper; the depth counter already ignores that inner call.
+        warnings.filterwarnings(
+            "ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks"
+        )
+        self._patch(dl_mod._BaseDataLoaderIter, "__next__", self._wrap_next)
+        self._patch(dl_mod.DataLoader, "__iter__", self._wrap_iter)
+        self._patch(torch.autograd, "backward", self._wrap_backward)
+        os.register_at_fork(after_in_child=self._after_fork_in_child)
+
+    def uninstall(self) -> None:
+        self.inert = True
+        self._remove_forward_hooks()
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        for owner, name, original in reversed(self._patches):
+            setattr(owner, name, original)
+        self._patches.clear()
+
+    def _patch(self, owner: Any, name: str, make: Callable[[Any], Any]) -> None:
+        original = getattr(owner, name)
+        wrapped = make(original)
+        wrapped.__wrapped__ = original
+        for attr in ("__name__", "__qualname__", "__doc__", "__module__"):
+            with contextlib.suppress(AttributeError, TypeError):
+                setattr(wrapped, attr, getattr(original, attr))
+        setattr(owner, name, wrapped)
+        self._patches.append((owner, name, original))
+
+    def _remove_forward_hooks(self) -> None:
+        for handle in self._fwd_handles:
+            handle.remove()
+        self._fwd_handles = []
+
+    def _after_fork_in_child(self) -> None:
+        # A forked child (DataLoader worker, multiprocessing) shares our hooks but is
+        # not the rank: it must record nothing.
+        self.inert = True
+
+    # -- failure containment --------------------------------------------------------------
+    def _disable(self, what: str, exc: BaseException) -> None:
+        """A collector failed: switch it off, say so in the run's log, never raise."""
+        if what in self._disabled:
+            return
+        self._disabled.add(what)
+        if what == "step timer":
+            self.inert = True
+            with contextlib.suppress(Exception):
+                self._remove_forward_hooks()
+        with contextlib.suppress(Exception):
+            self._writer().log("warning", "step_timer", f"{what} disabled: {exc!r}")
+
+    # -- hooks ------------------------------------------------------------------------
+    def _optimizer_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._is_compiling() or self.inert or self.mode == "mark":
+            return
+        try:
+            anchor = self._anchor() if self._anchor is not None else None
+            if anchor is None:
+                self._anchor = weakref.ref(optimizer)
+            elif anchor is not optimizer:
+                return
+            if self.mode == "auto":
+                self.mode = "optimizer"
+                self._remove_forward_hooks()
+                self._absorb_pending()
+            self._end_step("optimizer")
+        except StepLimitReached:
+            raise
+        except Exception as exc:
+            self._disable("step timer", exc)
+
+    def _forward_pre_hook(self, module: Any, args: Any) -> None:
+        # Under torch.compile tracing the hook must trace to nothing (no graph break);
+        # the compiled module's own outer call still runs the hooks eagerly.
+        if self._is_compiling() or self.inert:
+            return
+        tls = self._tls
+        depth = getattr(tls, "depth", 0)
+        tls.depth = depth + 1
+        if depth == 0 and self.start_s is None:
+            self._activity()
+
+    def _forward_hook(self, module: Any, args: Any, output: Any) -> None:
+        if self._is_compiling() or self.inert:
+            return
+        tls = self._tls
+        depth = getattr(tls, "depth", 1) - 1
+        tls.depth = depth
+        if depth == 0 and self.mode == "auto":
+            try:
+                # Like the optimizer anchor: the first module called at top level ends
+                # steps; other top-level calls (a loss module, a post-processing
+                # module applied to the outputs) are part of the step.
+                anchor = self._fwd_anchor() if self._fwd_anchor is not None else None
+                if anchor is None:
+                    self._fwd_anchor = weakref.ref(module)
+                elif anchor is not module:
+                    return
+                self._forward_end()
+            except StepLimitReached:
+                raise
+            except Exception as exc:
+                self._disable("step timer", exc)
+
+    def _wrap_next(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        timer = self
+        perf = time.perf_counter
+
+        def __next__(self: Any) -> Any:
+            if timer.inert or "data wait" in timer._disabled:
+                return original(self)
+            t0 = perf()
+            if timer.start_s is None:
+                timer._activity()
+            try:
+                batch = original(self)
+            finally:
+                timer.data_wait += perf() - t0
+            try:
+                n = timer._batch_len(batch)
+                if n:
+                    timer.batch += n
+            except Exception as exc:
+                timer._disable("data wait", exc)
+            return batch
+
+        return __next__
+
+    def _wrap_iter(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        # Creating the iterator starts (or resets) the workers: time the job is blocked
+        # on its input pipeline, so it counts as data wait too.
+        timer = self
+        perf = time.perf_counter
+
+        def __iter__(self: Any) -> Any:
+            if timer.inert or "data wait" in timer._disabled:
+                return original(self)
+            t0 = perf()
+            if timer.start_s is None:
+                timer._activity()
+            try:
+                return original(self)
+            finally:
+                timer.data_wait += perf() - t0
+
+        return __iter__
+
+    def _wrap_backward(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        timer = self
+
+        def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+            if not timer.inert and "loss" not in timer._disabled:
+                try:
+                    timer._record_loss(tensors)
+                except Exception as exc:
+                    timer._disable("loss", exc)
+            return original(tensors, *args, **kwargs)
+
+        return backward
+
+    # -- per-step accounting ------------------------------------------------------------
+    def _activity(self, t: float | None = None) -> None:
+        """First sign of work: step 0 starts now (and maybe a capture window with it)."""
+        if self.start_s is not None:
+            return
+        if self._torch.utils.data.get_worker_info() is not None:
+            # A spawned DataLoader worker (forked ones are caught at fork): its
+            # transforms may call modules, but it is not the rank and records nothing.
+            self.inert = True
+            self._remove_forward_hooks()
+            return
+        self.start_s = self.first_activity_s = time.time() if t is None else t
+        try:
+            if self.capture is not None and self.capture.on_boundary(self.step):
+                self.start_s = time.time()  # the capture's start-up is not the job's
+            self.profiled = bool(self.capture is not None and self.capture.active)
+        except Exception as exc:
+            self._disable("capture", exc)
+        self._record_cuda_marker()
+
+    def _record_loss(self, tensors: Any) -> None:
+        self.backward_seen = True
+        if self.start_s is None:
+            self._activity()
+        t = tensors
+        if isinstance(t, (tuple, list)):
+            if len(t) != 1:
+                return
+            t = t[0]
+        if isinstance(t, self._tensor_type) and t.numel() == 1 and (t.is_cuda or t.is_cpu):
+            self.losses.append(t.detach())
+
+    def _batch_len(self, batch: Any, depth: int = 0) -> int | None:
+        tensor_type = self._tensor_type
+        if isinstance(batch, tensor_type):
+            return int(batch.shape[0]) if batch.dim() > 0 else None
+        if depth >= 2:
+            return None
+        if isinstance(batch, dict):
+            items = batch.values()
+        elif isinstance(batch, (list, tuple)):
+            items = batch
+        else:
+            return None
+        for item in items:
+            n = self._batch_len(item, depth + 1)
+            if n is not None:
+                return n
+        return None
+
+    def _take_row(self, kind: str, end_s: float) -> dict[str, Any]:
+        """Snapshot the accumulators into a row (no step index yet) and reset them."""
+        row: dict[str, Any] = {
+            "rank": self.rank,
+            "start_s": self.start_s if self.start_s is not None else self.installed_at,
+            "end_s": end_s,
+            "data_wait_s": self.data_wait,
+            "batch_size": self.batch or None,
+            "kind": kind,
+            "profiled": self.profiled,
+            "_losses": self.losses,
+        }
+        self.data_wait = 0.0
+        self.batch = 0
+        self.losses = []
+        return row
+
+    def _end_step(self, kind: str) -> None:
+        end = time.time()
+        row = self._take_row(kind, end)
+        self._emit(row)
+        self._after_emit(end)
+
+    def _emit(self, row: dict[str, Any]) -> None:
+        """Give the row its index and hand it to the writer (or to the CUDA queue)."""
+        if not self._rank_known:
+            self._rank_known = True
+            self.rank = self._dist_rank()
+            if self.capture is not None:
+                self.capture.rank = self.rank
+        row["rank"] = self.rank
+        row["step"] = self.step
+        self.step += 1
+        self._emitted_data_wait += row["data_wait_s"]
+        self._emitted_batch += row["batch_size"] or 0
+        if self._on_first_step is not None:
+            callback, self._on_first_step = self._on_first_step, None
+            try:
+                callback()
+            except Exception as exc:
+                self._disable("device info", exc)
+        losses = row["_losses"]
+        if "cuda" not in self._disabled and self._cuda_in_use():
+            try:
+                event = self._torch.cuda.Event(enable_timing=True)
+                event.record()
+                row["_ev_prev"], row["_ev"] = self._last_event, event
+                self._last_event = event
+                self._cuda_rows.append(row)
+                return
+            except Exception as exc:
+                self._disable("cuda", exc)
+        if losses:
+            row["loss"] = _mean([t.item() for t in losses if t.is_cpu])
+        self._writer().add_step(_public(row))
+
+    def _after_emit(self, end: float) -> None:
+        """Between steps: capture windows, the step limit, the next step's start."""
+        slow = False
+        if self.capture is not None and "capture" not in self._disabled:
+            try:
+                slow = self.capture.on_boundary(self.step)
+            except Exception as exc:
+                self._disable("capture", exc)
+        now = time.time()
+        if slow or now - end > OWN_WORK_GAP_S:
+            # Only stepscope ran since `end` (starting the writer, a capture): that
+            # time is ours, so the next step starts after it instead of paying for it.
+            self.start_s = now
+            self._last_event = None
+            self._record_cuda_marker()
+        else:
+            self.start_s = end
+        self.profiled = bool(self.capture is not None and self.capture.active)
+        if self.max_steps is not None and self.step >= self.max_steps:
+            self._stop_job()
+
+    # -- forward mode --------------------------------------------------------------------
+    def _forward_end(self) -> None:
+        end = time.time()
+        grad = self._torch.is_grad_enabled()
+        if self._fwd_confirmed or (not grad and not self._pending_fwd):
+            self._end_step("forward")
+            return
+        row = self._take_row("forward", end)
+        self._pending_fwd.append(row)
+        self.start_s = end
+        wait = CONFIRM_FORWARD_AFTER_BACKWARD_S if self.backward_seen else CONFIRM_FORWARD_S
+        if end - self._pending_fwd[0]["end_s"] >= wait:
+            self._confirm_forward_steps()
+
+    def _confirm_forward_steps(self) -> None:
+        """No optimizer step came: the held forwards were inference steps after all."""
+        self._fwd_confirmed = True
+        pending, self._pending_fwd = self._pending_fwd, []
+        for row in pending:
+            self._emit(row)
+        if pending:
+            self._after_emit(pending[-1]["end_s"])
+
+    def _absorb_pending(self) -> None:
+        """Held forwards belong to the optimizer step that follows them: merge them in."""
+        pending, self._pending_fwd = self._pending_fwd, []
+        if not pending:
+            return
+        self.start_s = pending[0]["start_s"]
+        self.data_wait += sum(r["data_wait_s"] for r in pending)
+        self.batch += sum(r["batch_size"] or 0 for r in pending)
+        self.losses = [t for r in pending for t in r["_losses"]] + self.losses
+        self.profiled = self.profiled or any(r["profiled"] for r in pending)
+
+    # -- explicit mode ---------------------------------------------------------------------
+    def mark(self) -> None:
+        if self.inert:
+            return
+        try:
+            if self.mode != "mark":
+                self._switch_to_marks()
+            if self.start_s is None:
+                self._activity()
+            self._end_step("mark")
+        except StepLimitReached:
+            raise
+        except Exception as exc:
+            self._disable("step timer", exc)
+
+    def _switch_to_marks(self) -> None:
+        """The job marks its own steps: steps found so far by hooks are taken back.
+
+        Their rows are overwritten (same rank and step index) by the marks that
+        follow, the first mark spanning from the first activity; if the job ends
+        with fewer marks than hook steps written, the surplus rows keep their kind
+        ('optimizer'/'forward'), so readers prefer kind 'mark' where a rank has any.
+        """
+        self.mode = "mark"
+        self._remove_forward_hooks()
+        self._absorb_pending()
+        if self.step == 0:
+            return
+        taken_back = self.step
+        self.step = 0
+        self.start_s = self.first_activity_s
+        self.data_wait += self._emitted_data_wait
+        self.batch += self._emitted_batch
+        self._writer().log(
+            "info",
+            "step_timer",
+            f"mark_step() called: the {taken_back} steps found by hooks are replaced by marks",
+        )
+
+    def _dist_rank(self) -> int:
+        try:
+            dist = self._torch.distributed
+            if dist.is_available() and dist.is_initialized():
+                return int(dist.get_rank())
+        except Exception:
+            pass
+        return 0
+
+    # -- CUDA ------------------------------------------------------------------------------
+    def _cuda_in_use(self) -> bool:
+        cuda = self._torch.cuda
+        return cuda.is_initialized()
+
+    def _record_cuda_marker(self) -> None:
+        """An event at a step's start, for the device time of the first step of a run."""
+        if "cuda" in self._disabled or not self._cuda_in_use():
+            return
+        try:
+            event = self._torch.cuda.Event(enable_timing=True)
+            event.record()
+            self._last_event = event
+        except Exception as exc:
+            self._disable("cuda", exc)
+
+    def resolve_pending(self) -> None:
+        """Writer ``before_flush`` callback: write CUDA rows whose events have completed.
+
+        Runs on the writer's thread. ``event.query()`` never blocks; a row whose event
+        is still pending after CUDA_WAIT_S is written without device_s rather than
+        held, so the store stays within a couple of seconds of the job.
+        """
+        rows = self._cuda_rows
+        if not rows:
+            return
+        writer = self._writer()
+        now = time.time()
+        while rows:
+            row = rows[0]
+            event = row["_ev"]
+            done = event.query()
+            if not done and not self._final and now - row["end_s"] < CUDA_WAIT_S:
+                break
+            rows.popleft()
+            if done:
+                prev = row.get("_ev_prev")
+                if prev is not None and prev.query():
+                    with contextlib.suppress(Exception):
+                        row["device_s"] = prev.elapsed_time(event) / 1000.0
+                if row["_losses"]:
+                    row["loss"] = _mean(self._read_losses(row["_losses"]))
+            writer.add_step(_public(row))
+
+    def _read_losses(self, losses: list[Any]) -> list[float]:
+        """Read completed loss tensors on a side stream, so the copy does not queue
+        behind the job's work on its own stream."""
+        torch = self._torch
+        values = []
+        for t in losses:
+            if t.is_cpu:
+                values.append(t.item())
+                continue
+            index = t.device.index or 0
+            stream = self._side_streams.get(index)
+            if stream is None:
+                stream = self._side_streams[index] = torch.cuda.Stream(device=t.device)
+            with torch.cuda.device(t.device), torch.cuda.stream(stream):
+                values.append(t.item())
+        return values
+
+    # -- end of the job ------------------------------------------------------------------
+    def finalize(self) -> None:
+        """At exit or at the step limit: write everything still held back."""
+        if self._final:
+            return
+        try:
+            if self._pending_fwd and not self.inert:
+                self._fwd_confirmed = True
+                pending, self._pending_fwd = self._pending_fwd, []
+                for row in pending:
+                    self._emit(row)
+        except Exception as exc:
+            self._disable("step timer", exc)
+        self._final = True
+        self.inert = True
+        if self.capture is not None:
+            self.capture.close(self.step)
+        if self._cuda_rows:
+            with contextlib.suppress(Exception):
+                self._torch.cuda.synchronize()  # the job is over: waiting is free now
+
+    def _stop_job(self) -> None:
+        writer = self._writer()
+        self.finalize()
+        writer.update_run(stop_reason="max_steps")
+        writer.log("info", "step_timer", f"stopping the job after {self.step} steps (max_steps)")
+        writer.flush()
+        raise StepLimitReached(self.step)
+
+
+def _false() -> bool:
+    return False
+
+
+def _public(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if not k.startswith("_")}
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def set_current(timer: StepTimer | None) -> None:
+    global _timer
+    _timer = timer

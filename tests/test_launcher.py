@@ -1,0 +1,231 @@
+"""`stepscope run` end to end: real launcher, real job, real signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from stepscope.store import RunStore
+
+STEPSCOPE = [sys.executable, "-m", "stepscope.app.cli"]
+
+# Exits with 3 after writing both streams (one without a final newline) and echoing stdin.
+PASSTHROUGH_JOB = """
+import sys
+data = sys.stdin.read()
+sys.stdout.write("out: line one\\n")
+sys.stdout.write("stdin was: " + data)
+sys.stderr.write("err: something on stderr\\n")
+sys.stdout.write("no newline at the end")
+sys.exit(3)
+"""
+
+# Signals readiness through a file, then waits to be signalled.
+WAITING_JOB = """
+import sys, time
+open(sys.argv[1], "w").write("ready")
+time.sleep(60)
+"""
+
+TRAIN_JOB = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(50):
+    x, y = torch.randn(4, 8), torch.randn(4, 1)
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+print("finished all 50 steps")
+"""
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def _run(args: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([*STEPSCOPE, "run", *args], capture_output=True, timeout=120, **kw)
+
+
+def _own_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("stepscope:")]
+
+
+def _last_run() -> dict:
+    with RunStore() as store:
+        return store.run(store.resolve_run("last"))
+
+
+def _start_waiting(tmp_path: Path, **popen_kw) -> tuple[subprocess.Popen, Path]:
+    job = _write(tmp_path, "wait.py", WAITING_JOB)
+    ready = tmp_path / "ready"
+    launcher = subprocess.Popen(
+        [*STEPSCOPE, "run", "--sample-interval", "0.2", "--", sys.executable, str(job), str(ready)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen_kw,
+    )
+    deadline = time.monotonic() + 60
+    while not ready.exists():
+        assert launcher.poll() is None, launcher.communicate()
+        assert time.monotonic() < deadline, "the job never started"
+        time.sleep(0.05)
+    return launcher, ready
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _assert_all_gone(procs: list[psutil.Process], timeout: float = 10.0) -> None:
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    for p in alive:
+        p.kill()
+    assert not alive, f"left running: {[p.pid for p in alive]}"
+
+
+def test_output_stdin_and_exit_code_pass_through(tmp_path: Path) -> None:
+    job = _write(tmp_path, "job.py", PASSTHROUGH_JOB)
+    out = _run(["--", sys.executable, str(job)], input=b"hello from stdin\n")
+    assert out.returncode == 3
+    assert out.stdout == (
+        b"out: line one\nstdin was: hello from stdin\nno newline at the end"
+    )  # byte for byte: nothing of ours on stdout
+    stderr = out.stderr.decode()
+    job_lines = [line for line in stderr.splitlines() if not line.startswith("stepscope:")]
+    assert job_lines == ["err: something on stderr"]
+    own = _own_lines(stderr)
+    assert len(own) == 2, own  # one line at the start, one at the end
+    run = _last_run()
+    assert own[0].startswith(f"stepscope: recording run {run['id']} ")
+    assert own[1].startswith(f"stepscope: run {run['id']} failed (exit code 3)")
+    assert own[1].endswith(f"stepscope show {run['id']}")
+
+    assert (run["status"], run["exit_code"]) == ("failed", 3)
+    assert run["error"]
+    assert run["ended_at"] is not None
+    assert run["pid"] is not None and run["pid"] != os.getpid()  # the launcher's own pid
+    assert run["command"] == [sys.executable, str(job)]
+    assert run["cwd"] == os.getcwd()
+    assert run["env"]["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert run["config"]["sample_interval"] == 0.5
+
+
+def test_failing_job_keeps_traceback_and_records_error(tmp_path: Path) -> None:
+    job = _write(tmp_path, "bad.py", "def f():\n    raise ValueError('boom in the job')\nf()\n")
+    out = _run(["--", sys.executable, str(job)])
+    assert out.returncode == 1
+    stderr = out.stderr.decode()
+    assert "Traceback (most recent call last)" in stderr
+    assert "ValueError: boom in the job" in stderr
+    run = _last_run()
+    assert (run["status"], run["exit_code"]) == ("failed", 1)
+    assert "boom in the job" in run["error"]
+    assert "\n" not in run["error"]
+
+
+def test_command_not_found(tmp_path: Path) -> None:
+    out = _run(["--", "no-such-command-xyz", "--flag"])
+    assert out.returncode == 127
+    own = _own_lines(out.stderr.decode())
+    assert own[-1] == "stepscope: command not found: no-such-command-xyz"
+    assert len(out.stderr.decode().splitlines()) == 2
+    run = _last_run()
+    assert (run["status"], run["exit_code"]) == ("failed", 127)
+    assert "no-such-command-xyz" in run["error"]
+
+
+def test_ctrl_c_to_the_process_group_interrupts_and_finalises(tmp_path: Path) -> None:
+    # its own session, so that the signal reaches the launcher and the job as a terminal's would
+    launcher, _ = _start_waiting(tmp_path, start_new_session=True)
+    procs = _descendants(launcher.pid)  # the job and the sampler
+    assert len(procs) >= 2
+    os.killpg(launcher.pid, signal.SIGINT)
+    _, err = launcher.communicate(timeout=60)
+    assert launcher.returncode == 130
+    assert "KeyboardInterrupt" in err  # the job got it and died of it, as without stepscope
+    run = _last_run()
+    assert (run["status"], run["exit_code"]) == ("interrupted", 130)
+    assert run["ended_at"] is not None
+    assert _own_lines(err)[-1].startswith(f"stepscope: run {run['id']} interrupted")
+    _assert_all_gone(procs)  # the sampler stopped too
+
+
+def test_sigterm_to_the_launcher_is_forwarded_to_the_job(tmp_path: Path) -> None:
+    launcher, _ = _start_waiting(tmp_path)
+    procs = _descendants(launcher.pid)
+    launcher.send_signal(signal.SIGTERM)  # the launcher only, not its group
+    launcher.communicate(timeout=60)
+    assert launcher.returncode == 128 + signal.SIGTERM
+    run = _last_run()
+    assert run["status"] == "interrupted"
+    assert run["error"] == "interrupted (SIGTERM)"
+    _assert_all_gone(procs)
+
+
+def test_job_killed_by_sigkill(tmp_path: Path) -> None:
+    job = _write(tmp_path, "die.py", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    out = _run(["--", sys.executable, str(job)])
+    assert out.returncode == 128 + signal.SIGKILL
+    run = _last_run()
+    assert (run["status"], run["exit_code"]) == ("killed", 137)
+    assert run["error"] == "killed by SIGKILL"
+
+
+def test_launcher_killed_leaves_a_run_that_reads_as_lost(tmp_path: Path) -> None:
+    launcher, _ = _start_waiting(tmp_path)
+    procs = _descendants(launcher.pid)
+    job = next(p for p in procs if "wait.py" in " ".join(p.cmdline()))
+    with RunStore() as store:
+        assert store.run(store.resolve_run("last"))["status"] == "running"
+    launcher.kill()
+    launcher.wait(timeout=30)  # not communicate(): the orphaned job still holds the pipes
+    try:
+        run = _last_run()  # the next read notices the launcher is gone
+        assert run["status"] == "lost"
+        assert run["ended_at"] is not None
+    finally:
+        job.kill()  # orphaned job: ours to clean up
+        launcher.stdout.close()
+        launcher.stderr.close()
+    _assert_all_gone(procs)  # the sampler follows the job out by itself
+
+
+def test_max_steps_stops_the_job_and_is_not_a_failure(tmp_path: Path) -> None:
+    job = _write(tmp_path, "train.py", TRAIN_JOB)
+    out = _run(["--max-steps", "5", "--", sys.executable, str(job)])
+    assert out.returncode == 0, out.stderr.decode()
+    assert b"finished all 50 steps" not in out.stdout
+    run = _last_run()
+    assert (run["status"], run["exit_code"], run["stop_reason"]) == ("stopped", 0, "max_steps")
+    with RunStore() as store:
+        steps = store.steps(run["id"])
+    assert len(steps) == 5
+    assert _own_lines(out.stderr.decode())[-1].startswith(f"stepscope: run {run['id']} stopped, 5")
+
+
+@pytest.mark.parametrize("code", [0])
+def test_completed_job(tmp_path: Path, code: int) -> None:
+    job = _write(tmp_path, "ok.py", f"print('fine')\nraise SystemExit({code})\n")
+    out = _run(["--name", "my-run", "--", sys.executable, str(job)])
+    assert out.returncode == code
+    assert out.stdout == b"fine\n"
+    run = _last_run()
+    assert (run["name"], run["status"], run["exit_code"]) == ("my-run", "completed", 0)
+    assert run["error"] is None

@@ -1,0 +1,224 @@
+"""The system sampler against real processes, and the NVML reader without a driver."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from stepscope.collectors import gpu_sampler
+from stepscope.store import RunStore
+
+# A root that keeps two busy children (DataLoader-worker stand-ins) for `seconds`.
+BUSY_TREE = """
+import subprocess, sys, time
+busy = "import time\\nt = time.time()\\nwhile time.time() - t < {seconds}: pass"
+kids = [subprocess.Popen([sys.executable, "-c", busy]) for _ in range(2)]
+t = time.time()
+while time.time() - t < {seconds}:
+    pass
+for k in kids:
+    k.wait()
+"""
+
+# A root whose children appear and vanish all the time: the sampler must not complain.
+FLICKER_TREE = """
+import subprocess, sys, time
+t = time.time()
+while time.time() - t < {seconds}:
+    subprocess.Popen([sys.executable, "-c", "pass"]).wait()
+"""
+
+
+def _start_sampler(home: Path, run_id: int, pid: int, interval: float = 0.2) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "stepscope.collectors.system_sampler",
+            "--home",
+            str(home),
+            "--run-id",
+            str(run_id),
+            "--pid",
+            str(pid),
+            "--interval",
+            str(interval),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _metric(samples, scope: str, metric: str):
+    return samples[(samples["scope"] == scope) & (samples["metric"] == metric)]["value"]
+
+
+def test_sampler_records_busy_tree_and_exits_when_root_dies(tmp_path: Path) -> None:
+    home = tmp_path / "h"
+    with RunStore(home) as store:
+        run_id = store.create_run(["busy"])
+    root = subprocess.Popen([sys.executable, "-c", BUSY_TREE.format(seconds=3.0)])
+    sampler = _start_sampler(home, run_id, root.pid)
+    try:
+        # wait4: the root's CPU time including its (waited-for) children = ground truth
+        _, _, usage = os.wait4(root.pid, 0)
+        root.returncode = 0
+        ended = time.monotonic()
+        _, err = sampler.communicate(timeout=10)  # no signal: it must notice by itself
+        assert time.monotonic() - ended < 3.0
+    finally:
+        root.kill()
+        sampler.kill()
+    assert sampler.returncode == 0
+    assert err == ""
+    true_cpu_s = usage.ru_utime + usage.ru_stime
+
+    with RunStore(home) as store:
+        samples = store.samples(run_id)
+        events = store.events(run_id)
+    assert set(samples["scope"]) >= {"proc", "system"}
+    assert _metric(samples, "proc", "children").max() == 2
+    assert _metric(samples, "proc", "rss_bytes").min() > 1_000_000
+    assert _metric(samples, "proc", "threads").min() >= 3
+    assert _metric(samples, "system", "mem_available_bytes").min() > 0
+    assert (_metric(samples, "system", "cpu_percent") > 0).any()
+
+    # CPU integrated over the samples accounts for the tree's CPU time (the machine is
+    # shared, so absolute percentages mean little; the sampler misses only its own
+    # start-up, hence the generous lower bound)
+    proc = samples[samples["scope"] == "proc"]
+    ticks = sorted(proc["t"].unique())
+    assert len(ticks) >= 5
+    cpu = proc[proc["metric"] == "cpu_percent"].set_index("t")["value"]
+    sampled_cpu_s = sum(
+        cpu[t] / 100 * (t - prev) for prev, t in zip(ticks, ticks[1:], strict=False) if t in cpu
+    )
+    assert 0.4 * true_cpu_s < sampled_cpu_s < 1.15 * true_cpu_s, (sampled_cpu_s, true_cpu_s)
+
+    # the total sums the three busy processes; the busiest one is about a third of it
+    most = proc[proc["metric"] == "cpu_max_process_percent"].set_index("t")["value"]
+    ratio = (cpu / most).dropna()
+    assert ratio.median() > 2.0, ratio
+    assert not (events["level"] == "error").any()
+
+
+def test_sampler_stops_on_sigterm_and_flushes(tmp_path: Path) -> None:
+    home = tmp_path / "h"
+    with RunStore(home) as store:
+        run_id = store.create_run(["sleeper"])
+    root = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    sampler = _start_sampler(home, run_id, root.pid, interval=0.1)
+    try:
+        # wait until it is sampling, then stop it before its first once-a-second commit
+        # could be the only one: what it buffered since must still arrive
+        time.sleep(2.0)
+        sampler.send_signal(signal.SIGTERM)
+        _, err = sampler.communicate(timeout=5)
+    finally:
+        root.kill()
+        root.wait()
+        sampler.kill()
+    assert sampler.returncode == 0
+    assert err == ""
+    with RunStore(home) as store:
+        samples = store.samples(run_id)
+    last = samples["t"].max()
+    assert time.time() - last < 3.0
+    assert samples[samples["scope"] == "proc"]["t"].nunique() >= 3
+
+
+def test_sampler_is_quiet_about_processes_vanishing(tmp_path: Path) -> None:
+    home = tmp_path / "h"
+    with RunStore(home) as store:
+        run_id = store.create_run(["flicker"])
+    root = subprocess.Popen([sys.executable, "-c", FLICKER_TREE.format(seconds=2.0)])
+    sampler = _start_sampler(home, run_id, root.pid, interval=0.05)
+    try:
+        root.wait(timeout=30)
+        _, err = sampler.communicate(timeout=10)
+    finally:
+        root.kill()
+        sampler.kill()
+    assert sampler.returncode == 0
+    assert err == ""
+    with RunStore(home) as store:
+        samples = store.samples(run_id)
+        events = store.events(run_id)
+    assert len(_metric(samples, "proc", "rss_bytes")) >= 5
+    assert set(events["level"]) <= {"info"}
+
+
+def test_sampler_for_a_pid_that_is_gone_exits_quietly(tmp_path: Path) -> None:
+    home = tmp_path / "h"
+    with RunStore(home) as store:
+        run_id = store.create_run(["gone"])
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    done.wait()
+    sampler = _start_sampler(home, run_id, done.pid)
+    _, err = sampler.communicate(timeout=20)
+    assert sampler.returncode == 0
+    assert err == ""
+
+
+nvml_present = gpu_sampler.open_nvml()[0] is not None
+
+
+@pytest.mark.skipif(nvml_present, reason="an NVIDIA driver is present")
+def test_without_nvml_one_info_event_and_cpu_sampling_goes_on(tmp_path: Path) -> None:
+    handles, reason = gpu_sampler.open_nvml()
+    assert handles is None and reason
+
+    home = tmp_path / "h"
+    with RunStore(home) as store:
+        run_id = store.create_run(["sleeper"])
+    root = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
+    sampler = _start_sampler(home, run_id, root.pid)
+    try:
+        root.wait(timeout=30)
+        _, err = sampler.communicate(timeout=10)
+    finally:
+        root.kill()
+        sampler.kill()
+    assert sampler.returncode == 0 and err == ""
+    with RunStore(home) as store:
+        events = store.events(run_id)
+        samples = store.samples(run_id)
+    gpu_events = events[events["source"] == "gpu_sampler"]
+    assert len(gpu_events) == 1
+    assert gpu_events.iloc[0]["level"] == "info"
+    assert gpu_events.iloc[0]["message"].startswith("NVML unavailable: ")
+    assert gpu_events.iloc[0]["message"].endswith("GPU sampling off")
+    assert not samples["scope"].str.startswith("gpu").any()
+    assert (samples["scope"] == "proc").any()
+
+
+@pytest.mark.skipif(nvml_present, reason="an NVIDIA driver is present")
+def test_gpu_sampler_main_prints_json_without_driver() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "stepscope.collectors.gpu_sampler"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["available"] is False
+    assert data["reason"]
+
+
+@pytest.mark.skipif(not nvml_present, reason="needs an NVIDIA driver")
+def test_gpu_sampler_reads_every_gpu() -> None:
+    handles, _ = gpu_sampler.open_nvml()
+    assert handles
+    rows = gpu_sampler.gpu_rows(handles, set(), time.time())
+    scopes = {scope for _, scope, _, _ in rows}
+    assert scopes == {f"gpu{h.index}" for h in handles}
+    metrics = {metric for _, _, metric, _ in rows}
+    assert {"util_percent", "mem_used_bytes", "mem_total_bytes"} <= metrics

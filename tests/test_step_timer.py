@@ -1,0 +1,106 @@
+"""Step detection and per-step figures, on real jobs run under the bootstrap."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+
+_spec = importlib.util.spec_from_file_location(
+    "stepscope_test_jobs_util", Path(__file__).parent / "jobs" / "util.py"
+)
+jobs = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(jobs)
+
+
+def _run(tmp_path, script, *args, **kw):
+    run_id, proc = jobs.run_job(tmp_path, script, *args, **kw)
+    assert proc.returncode == 0, proc.stderr
+    return run_id, proc, jobs.steps(tmp_path, run_id)
+
+
+def test_optimizer_steps_counted_exactly_with_batch_and_loss(tmp_path):
+    _, proc, df = _run(tmp_path, "train.py", "--steps", "7", "--accum", "2")
+    assert proc.stdout == "done\n"
+    assert list(df["step"]) == list(range(7))
+    assert set(df["kind"]) == {"optimizer"}
+    # two micro-batches of 8 per optimizer step: batch sizes add up within a step
+    assert list(df["batch_size"]) == [16] * 7
+    assert df["loss"].map(math.isfinite).all() and (df["loss"] > 0).all()
+    # steps tile time: each starts where the previous ended (or later, never earlier)
+    assert (df["start_s"].iloc[1:].values >= df["end_s"].iloc[:-1].values).all()
+    assert (df["end_s"] > df["start_s"]).all()
+    assert df["device_s"].isna().all()  # CPU job: no CUDA events
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_dataloader_workers_record_nothing(tmp_path, start):
+    args = ["--steps", "6", "--workers", "2", "--transform"]
+    if start == "spawn":
+        args.append("--spawn")
+    _, _, df = _run(tmp_path, "train.py", *args)
+    assert list(df["step"]) == list(range(6))
+    assert set(df["kind"]) == {"optimizer"} and set(df["rank"]) == {0}
+    assert list(df["batch_size"]) == [8] * 6
+
+
+def test_two_optimizers_count_one_step_per_iteration(tmp_path):
+    _, _, df = _run(tmp_path, "gan.py")
+    assert list(df["step"]) == list(range(7))
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_inference_counts_outermost_forwards_only(tmp_path, grad):
+    args = ("--calls", "9") + (("--grad",) if grad else ())
+    _, _, df = _run(tmp_path, "infer.py", *args)
+    assert list(df["step"]) == list(range(9))  # nested Block/Linear calls are not steps
+    assert set(df["kind"]) == {"forward"}
+
+
+def test_mark_step_overrides_optimizer_steps(tmp_path):
+    run_id, _, df = _run(tmp_path, "mark.py", "--marks", "4")
+    assert list(df["step"]) == list(range(4))
+    assert set(df["kind"]) == {"mark"}
+    messages = " ".join(jobs.events(tmp_path, run_id)["message"])
+    assert "replaced by marks" in messages
+
+
+def _data_wait_share(df):
+    df = df[df["step"] > 0]  # step 0 also creates the loader's iterator
+    return df["data_wait_s"].sum() / (df["end_s"] - df["start_s"]).sum()
+
+
+def test_data_wait_high_for_slow_dataset_low_for_in_memory(tmp_path):
+    slow_args = ("--steps", "5", "--sleep", "0.01", "--batch", "4")
+    _, _, slow = _run(tmp_path / "slow", "train.py", *slow_args)
+    _, _, fast = _run(tmp_path / "fast", "train.py", "--steps", "5", "--compute", "8")
+    assert _data_wait_share(slow) > 0.8
+    # a loose bound: the test machine's cores are shared, the contrast is what counts
+    assert _data_wait_share(fast) < 0.2
+    assert list(slow["batch_size"]) == [4] * 5
+
+
+def test_max_steps_stops_the_job_cleanly(tmp_path):
+    run_id, proc, df = _run(tmp_path, "train.py", "--steps", "1000", max_steps=4)
+    assert proc.returncode == 0
+    assert "done" not in proc.stdout  # stopped inside the loop
+    assert "Traceback" not in proc.stderr
+    assert list(df["step"]) == [0, 1, 2, 3]
+    row = jobs.run_row(tmp_path, run_id)
+    assert row["stop_reason"] == "max_steps" and row["error"] is None
+
+
+@pytest.mark.parametrize(
+    ("what", "source_msg", "expect_steps"),
+    [("batch", "data wait disabled", 10), ("step", "step timer disabled", 0)],
+)
+def test_a_failing_collector_disables_itself_not_the_job(tmp_path, what, source_msg, expect_steps):
+    run_id, proc, df = _run(tmp_path, "broken_collector.py", "--what", what)
+    assert proc.stdout == "trained 10 steps\n"
+    assert proc.stderr == ""
+    assert len(df) == expect_steps
+    ev = jobs.events(tmp_path, run_id)
+    warnings = ev[ev["level"] == "warning"]["message"].tolist()
+    assert len(warnings) == 1 and warnings[0].startswith(source_msg)

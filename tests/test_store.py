@@ -1,0 +1,180 @@
+"""The run store: WAL, run lifecycle, reference resolution, liveness, corruption, writer."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from stepscope.store import BufferedWriter, RunNotFound, RunStore, StoreError
+from stepscope.store.schema import SCHEMA_VERSION
+
+
+def _dead_pid() -> tuple[int, float]:
+    """A pid and create time of a process that has exited (and been reaped)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    started = psutil.Process(proc.pid).create_time()
+    proc.wait()
+    return proc.pid, started
+
+
+def test_database_is_in_wal_mode(_isolated_store: Path) -> None:
+    with RunStore() as store:
+        store.create_run(["python", "train.py"])
+        db = store.db_path
+    assert db == _isolated_store / "stepscope.db"
+    conn = sqlite3.connect(db)
+    try:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        version = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        assert int(version[0]) == SCHEMA_VERSION
+    finally:
+        conn.close()
+
+
+def test_create_finish_and_resolve(tmp_path: Path) -> None:
+    with RunStore(tmp_path / "h") as store:
+        first = store.create_run(["python", "train.py", "--lr", "0.1"], env={"python": "3.11"})
+        second = store.create_run(["python", "-m", "pkg.main"], name="exp-b", max_steps=7)
+        run = store.run(first)
+        assert run["status"] == "running"
+        assert run["name"] == "train"  # default name: the script
+        assert run["command"] == ["python", "train.py", "--lr", "0.1"]
+        assert run["env"] == {"python": "3.11"}
+        assert (tmp_path / "h" / "runs" / str(first)).is_dir()
+        assert store.run(second)["name"] == "exp-b"
+        assert store.run(second)["max_steps"] == 7
+
+        store.update_run(first, error="ValueError: boom")
+        store.finish_run(first, "failed", exit_code=1)
+        done = store.run(first)
+        assert (done["status"], done["exit_code"]) == ("failed", 1)
+        assert done["error"] == "ValueError: boom"  # kept: the job's own error line
+        assert done["ended_at"] >= done["started_at"]
+
+        assert store.resolve_run(str(first)) == first
+        assert store.resolve_run(first) == first
+        assert store.resolve_run("exp-b") == second
+        assert store.resolve_run("last") == second
+        third = store.create_run(["python", "-m", "pkg.main"])
+        assert store.resolve_run(" pkg.main ") == third  # default name: the -m module
+        assert store.resolve_run("latest") == third
+        with pytest.raises(RunNotFound):
+            store.resolve_run("nope")
+        with pytest.raises(RunNotFound):
+            store.resolve_run("999")
+
+        listed = store.runs()
+        assert list(listed["id"]) == [third, second, first]  # newest first
+        assert list(listed["steps"]) == [0, 0, 0]
+
+
+def test_resolve_last_on_empty_store(tmp_path: Path) -> None:
+    with RunStore(tmp_path / "h") as store, pytest.raises(RunNotFound):
+        store.resolve_run("last")
+
+
+def test_reconcile_marks_run_of_dead_launcher_lost(tmp_path: Path) -> None:
+    pid, started = _dead_pid()
+    me = psutil.Process()
+    with RunStore(tmp_path / "h") as store:
+        dead = store.create_run(["python", "a.py"], pid=pid, pid_started_at=started)
+        store.add_steps(dead, [{"step": 0, "start_s": 10.0, "end_s": 11.5}])
+        alive = store.create_run(["python", "b.py"], pid=me.pid, pid_started_at=me.create_time())
+        # our own pid, but another process's create time: a reused pid is not our launcher
+        reused = store.create_run(["python", "c.py"], pid=me.pid, pid_started_at=1000.0)
+
+        runs = store.runs().set_index("id")
+        assert runs.loc[dead, "status"] == "lost"
+        assert runs.loc[dead, "ended_at"] == 11.5  # the last recorded step
+        assert "launcher vanished" in runs.loc[dead, "error"]
+        assert runs.loc[alive, "status"] == "running"
+        assert runs.loc[reused, "status"] == "lost"
+        assert store.reconcile() == 0  # idempotent
+
+
+def test_corrupt_database_gives_store_error_naming_the_file(tmp_path: Path) -> None:
+    home = tmp_path / "h"
+    home.mkdir()
+    db = home / "stepscope.db"
+    db.write_bytes(b"this is not a sqlite database, just junk" * 100)
+    with pytest.raises(StoreError) as err:
+        RunStore(home)
+    assert str(db) in str(err.value)
+
+
+def test_newer_schema_is_refused(tmp_path: Path) -> None:
+    home = tmp_path / "h"
+    RunStore(home).close()
+    conn = sqlite3.connect(home / "stepscope.db")
+    with conn:
+        conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (SCHEMA_VERSION + 1,))
+    conn.close()
+    with pytest.raises(StoreError, match="newer"):
+        RunStore(home)
+
+
+def test_writer_flushes_within_a_second_from_another_thread(tmp_path: Path) -> None:
+    home = tmp_path / "h"
+    with RunStore(home) as store:
+        run_id = store.create_run(["python", "t.py"])
+    writer = BufferedWriter(home, run_id)  # default interval: about once a second
+    try:
+        added = time.time()
+
+        def produce() -> None:
+            for i in range(5):
+                writer.add_step({"step": i, "start_s": added + i, "end_s": added + i + 1})
+            writer.add_sample(added, "proc", "cpu_percent", 50.0)
+            writer.log("info", "test", "hello")
+            writer.update_run(stop_reason="max_steps")
+
+        t = threading.Thread(target=produce)
+        t.start()
+        t.join()
+        with RunStore(home) as reader:
+            deadline = time.monotonic() + 3.0
+            while time.monotonic() < deadline and len(reader.steps(run_id)) < 5:
+                time.sleep(0.05)
+            seen_after = time.time() - added
+            assert len(reader.steps(run_id)) == 5
+            assert seen_after < 2.5, f"rows took {seen_after:.2f}s to reach the store"
+            assert len(reader.samples(run_id)) == 1
+            assert list(reader.events(run_id)["message"]) == ["hello"]
+            assert reader.run(run_id)["stop_reason"] == "max_steps"
+    finally:
+        writer.close()
+
+
+def test_writer_close_commits_the_rest(tmp_path: Path) -> None:
+    home = tmp_path / "h"
+    with RunStore(home) as store:
+        run_id = store.create_run(["python", "t.py"])
+    writer = BufferedWriter(home, run_id, interval_s=60.0)  # the thread will not flush
+    writer.add_step({"step": 0, "start_s": 1.0, "end_s": 2.0, "loss": 0.5})
+    writer.close()
+    with RunStore(home) as reader:
+        steps = reader.steps(run_id)
+    assert list(steps["loss"]) == [0.5]
+
+
+def test_samples_wide_has_one_column_per_scope_metric(tmp_path: Path) -> None:
+    with RunStore(tmp_path / "h") as store:
+        run_id = store.create_run(["x"])
+        store.add_samples(
+            run_id,
+            [
+                (1.0, "proc", "cpu_percent", 90.0),
+                (1.0, "system", "cpu_percent", 50.0),
+                (2.0, "proc", "cpu_percent", 80.0),
+            ],
+        )
+        wide = store.samples(run_id, wide=True)
+    assert sorted(wide.columns) == ["proc.cpu_percent", "system.cpu_percent"]
+    assert wide.loc[2.0, "proc.cpu_percent"] == 80.0
