@@ -1,0 +1,110 @@
+"""Why the device sat idle between kernels, per stream: HTA's idle-time breakdown.
+
+An idle gap on a stream is the time between one kernel's end and the next kernel's
+start on that stream. HTA 0.5.0 (``BreakdownAnalysis._analyze_idle_time_for_stream``)
+blames each gap on one of three causes, judged from the *next* kernel:
+
+* **host wait**: the host launched the next kernel only after the previous one had
+  finished (launch start > previous end): the CPU did not enqueue work fast enough;
+* **kernel wait**: otherwise, a gap shorter than ``consecutive_kernel_delay`` (30 us,
+  HTA's default, applied to its microsecond timestamps): the normal launch latency
+  between back-to-back kernels;
+* **other**: everything else, e.g. the stream waiting on an event from another
+  stream (a communication kernel, a copy).
+
+The event selection (kernels, memcpys, memsets; last profiled step dropped) is HTA's,
+see :mod:`stepscope.analyzers.hta_rules`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from stepscope.analyzers.hta_rules import hta_device_events
+
+__all__ = ["CATEGORIES", "CONSECUTIVE_KERNEL_DELAY_NS", "idle_time_breakdown"]
+
+CATEGORIES = ("host_wait", "kernel_wait", "other")
+#: HTA's default threshold is 30 in its trace units, which are microseconds
+CONSECUTIVE_KERNEL_DELAY_NS = 30_000
+
+_COLUMNS = ["rank", "stream", "idle_category", "idle_ns", "idle_share", "gaps"]
+
+
+def idle_time_breakdown(
+    trace,
+    consecutive_kernel_delay_ns: int = CONSECUTIVE_KERNEL_DELAY_NS,
+    hta_rounding: bool = True,
+) -> pd.DataFrame:
+    """Idle ns per (rank, stream, category) and each category's share of the stream's idle time.
+
+    Every stream gets all three categories (zero where none), so a consumer can pivot
+    without filling holes. ``hta_rounding`` (default, for parity) rounds times to whole
+    microseconds as HTA does; pass False for exact nanosecond gaps. An empty frame (same columns) when the trace has no device
+    events: a CPU-only run has no device to be idle.
+    """
+    dev = hta_device_events(trace.events, hta_rounding)
+    if dev.empty:
+        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in _dtypes().items()})
+    dev = dev.sort_values(["rank", "stream", "ts"], kind="stable", ignore_index=True)
+
+    rank = dev["rank"].to_numpy()
+    stream = dev["stream"].to_numpy()
+    ts = dev["ts"].to_numpy()
+    end = dev["end"].to_numpy()
+    runtime_ts = dev["runtime_ts"].to_numpy()
+
+    # previous event on the same (rank, stream); the first one of a stream has no gap
+    same = np.zeros(ts.size, dtype=bool)
+    same[1:] = (rank[1:] == rank[:-1]) & (stream[1:] == stream[:-1])
+    prev_end = np.empty_like(end)
+    prev_end[0] = 0
+    prev_end[1:] = end[:-1]
+    gap = ts - prev_end
+
+    host_wait = same & (runtime_ts > prev_end)
+    kernel_wait = same & ~host_wait & (gap < consecutive_kernel_delay_ns)
+    category = np.where(host_wait, 0, np.where(kernel_wait, 1, 2)).astype(np.int8)
+
+    keys = pd.DataFrame(
+        {
+            "rank": rank[same],
+            "stream": stream[same],
+            "cat": category[same],
+            "gap": gap[same],
+        }
+    )
+    sums = keys.groupby(["rank", "stream", "cat"], sort=True)["gap"].agg(["sum", "size"])
+
+    streams = pd.DataFrame({"rank": rank, "stream": stream}).drop_duplicates()
+    full_index = pd.MultiIndex.from_tuples(
+        [(r, s, c) for r, s in streams.itertuples(index=False) for c in range(3)],
+        names=["rank", "stream", "cat"],
+    )
+    sums = sums.reindex(full_index, fill_value=0).reset_index()
+    per_stream = sums.groupby(["rank", "stream"])["sum"].transform("sum")
+    share = np.where(per_stream > 0, sums["sum"] / per_stream.where(per_stream != 0, 1), 0.0)
+
+    out = pd.DataFrame(
+        {
+            "rank": sums["rank"].astype(np.int64),
+            "stream": sums["stream"].astype(np.int64),
+            "idle_category": np.asarray(CATEGORIES, dtype=object)[sums["cat"].to_numpy()],
+            "idle_ns": sums["sum"].astype(np.int64),
+            "idle_share": share.astype(float),
+            "gaps": sums["size"].astype(np.int64),
+        }
+    )
+    return out.sort_values(["rank", "stream", "idle_category"], ignore_index=True)[_COLUMNS]
+
+
+def _dtypes() -> dict[str, str]:
+    return {
+        "rank": "int64",
+        "stream": "int64",
+        "idle_category": "object",
+        "idle_ns": "int64",
+        "idle_share": "float64",
+        "gaps": "int64",
+    }

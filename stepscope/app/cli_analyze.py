@@ -1,0 +1,215 @@
+"""`stepscope analyze PATH... [--json] [--top N]`: the trace report on the terminal.
+
+A PATH is a trace file, a folder of traces, or a run of the store (id, name, 'last')
+whose trace artifacts are analysed. Bad input ends with one line on stderr naming
+the file and the problem, exit code 1, never a traceback: users point this at
+whatever file they have.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from stepscope.analyzers.trace_load import TraceError
+
+
+class _InputError(Exception):
+    """A PATH that is neither a file/folder nor a run with traces (message: one line)."""
+
+
+def resolve_paths(paths: Sequence[str]) -> list[Path]:
+    """Files/folders stay as they are; anything else is looked up as a run of the store."""
+    out: list[Path] = []
+    for p in paths:
+        path = Path(p).expanduser()
+        if path.exists():
+            out.append(path)
+            continue
+        from stepscope.store import RunNotFound, RunStore, StoreError
+
+        try:
+            with RunStore() as store:
+                run_id = store.resolve_run(p)
+                arts = store.artifacts(run_id)
+        except (RunNotFound, StoreError):
+            raise _InputError(f"{p}: no such file, folder or run") from None
+        traces = arts[arts["kind"] == "trace"] if len(arts) else arts
+        if traces.empty:
+            raise _InputError(f"{p}: run {run_id} has no trace artifacts (capture one first)")
+        out.extend(Path(x) for x in traces["path"])
+    return out
+
+
+def cmd_analyze(paths: Sequence[str], as_json: bool = False, top: int = 10) -> int:
+    from stepscope.analyzers.trace_report import analyze_trace
+
+    try:
+        report = analyze_trace(resolve_paths(paths))
+    except (TraceError, _InputError) as exc:
+        print(f"stepscope: {exc}", file=sys.stderr)
+        return 1
+    except MemoryError:
+        print(f"stepscope: {', '.join(paths)}: out of memory while loading", file=sys.stderr)
+        return 1
+    if as_json:
+        import orjson
+
+        data = report.to_json(top=top)
+        sys.stdout.buffer.write(orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
+        sys.stdout.flush()
+        return 0
+    _print_report(report, top)
+    return 0
+
+
+# -- rich rendering ----------------------------------------------------------------
+
+
+def _ms(ns: float) -> str:
+    return f"{ns / 1e6:,.2f}"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None or x != x else f"{100 * x:.1f} %"
+
+
+def _short(name: str, width: int = 70) -> str:
+    return name if len(name) <= width else name[: width - 1] + "…"
+
+
+def _print_report(report, top: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from stepscope.analyzers.breakdown import CATEGORIES
+
+    console = Console()
+    s = report.summary
+    console.print(
+        f"[bold]stepscope analyze[/bold]: {len(report.paths)} file(s), ranks {s['ranks']}, "
+        f"{s['events']:,} events, {s['steps']} step(s), mean step {_ms(s['mean_step_ns'])} ms"
+        + ("" if s["has_device"] else " [yellow](CPU only)[/yellow]")
+    )
+
+    t = Table(title="Step-time breakdown (priority subtraction, tb-profiler rules)")
+    t.add_column("category")
+    t.add_column("mean ms/step", justify="right")
+    t.add_column("share", justify="right")
+    avg = report.breakdown_avg.groupby("category", sort=False)["mean_ns"].mean()
+    for c in CATEGORIES:
+        t.add_row(c, _ms(avg.get(c, 0.0)), _pct(report.breakdown.get(c, 0.0)))
+    console.print(t)
+
+    if not report.gpu.empty:
+        t = Table(title="GPU metrics")
+        for col in (
+            "rank",
+            "device",
+            "name",
+            "utilisation",
+            "est. SM eff.",
+            "est. occupancy",
+            "Tensor Core (tb)",
+            "Tensor Core (incl. newer)",
+        ):
+            t.add_column(col, justify="right" if col not in ("name",) else "left")
+        for r in report.gpu.itertuples():
+            occ = (
+                "-"
+                if r.achieved_occupancy != r.achieved_occupancy
+                else f"{r.achieved_occupancy:.1f} %"
+            )
+            t.add_row(
+                str(r.rank),
+                str(r.device),
+                r.name,
+                _pct(r.gpu_utilization),
+                _pct(r.sm_efficiency),
+                occ,
+                _pct(r.tensor_core_share),
+                _pct(r.tensor_core_share_modern),
+            )
+        console.print(t)
+
+    if report.temporal is not None and not report.temporal.empty:
+        t = Table(title="Temporal breakdown (HTA)")
+        for col in ("rank", "basis", "idle", "compute", "non-compute"):
+            t.add_column(col, justify="right")
+        for r in report.temporal.itertuples():
+            t.add_row(
+                str(r.rank),
+                str(r.basis),
+                f"{r.idle_pct:.1f} %",
+                f"{r.compute_pct:.1f} %",
+                f"{r.non_compute_pct:.1f} %",
+            )
+        console.print(t)
+
+    if report.idle_time is not None and not report.idle_time.empty:
+        t = Table(title="Device idle time by cause (HTA)")
+        for col in ("rank", "stream", "cause", "idle ms", "share"):
+            t.add_column(col, justify="right")
+        for r in report.idle_time.itertuples():
+            if r.idle_ns > 0:
+                t.add_row(
+                    str(r.rank),
+                    str(r.stream),
+                    str(r.idle_category),
+                    _ms(r.idle_ns),
+                    _pct(r.idle_share),
+                )
+        console.print(t)
+
+    comm = report.communication
+    if comm is not None:
+        console.print(
+            f"[bold]Communication[/bold]: {_pct(comm.get('share'))} of step time, "
+            f"overlap with compute {_pct(comm.get('overlap'))}"
+        )
+    if report.memory:
+        t = Table(title="Memory peaks")
+        for col in ("device", "peak allocated MiB", "peak reserved MiB", "of capacity"):
+            t.add_column(col, justify="right")
+        for dev, m in report.memory.items():
+            t.add_row(
+                dev,
+                f"{m.get('peak_allocated_bytes', 0) / 2**20:,.1f}",
+                f"{m.get('peak_reserved_bytes', 0) / 2**20:,.1f}",
+                _pct(m.get("peak_share")),
+            )
+        console.print(t)
+
+    if not report.kernels_top.empty:
+        t = Table(title=f"Top {top} kernels by total time")
+        for col in ("kernel", "class", "count", "total ms", "mean us", "max us", "share"):
+            if col == "kernel":
+                t.add_column(col, no_wrap=True, overflow="ellipsis", max_width=60)
+            else:
+                t.add_column(col, justify="right", no_wrap=True)
+        for r in report.kernels_top.head(top).itertuples():
+            t.add_row(
+                _short(r.name),
+                r._2,
+                str(r.count),
+                _ms(r.total_ns),
+                f"{r.mean_ns / 1e3:,.1f}",
+                f"{r.max_ns / 1e3:,.1f}",
+                _pct(r.share),
+            )
+        console.print(t)
+
+    if not report.ops_top.empty:
+        t = Table(title=f"Top {top} CPU operators by self time")
+        for col in ("operator", "count", "self ms", "total ms", "share of self"):
+            if col == "operator":
+                t.add_column(col, no_wrap=True, overflow="ellipsis", max_width=60)
+            else:
+                t.add_column(col, justify="right", no_wrap=True)
+        for r in report.ops_top.head(top).itertuples():
+            t.add_row(_short(r.name), str(r.count), _ms(r.self_ns), _ms(r.total_ns), _pct(r.share))
+        console.print(t)
+
+    for w in report.warnings:
+        console.print(f"[yellow]warning:[/yellow] {w}")

@@ -1,0 +1,163 @@
+"""Loading real and broken traces: columns, units, ranks, and one-line errors."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from traces import ALL, CPU_ONLY, MI250, RANK0, RANK1, RESNET_NW0, V100_NS, trace_path
+
+from stepscope.analyzers.trace_load import CATEGORIES, TraceError, load_trace
+
+EXPECTED_DTYPES = {
+    "rank": "int16",
+    "pid": "int64",
+    "tid": "int64",
+    "cat": "category",
+    "name": "category",
+    "ts": "int64",
+    "dur": "int64",
+    "end": "int64",
+    "on_device": "bool",
+    "correlation": "int64",
+    "external_id": "int64",
+    "stream": "int64",
+    "device": "int64",
+    "blocks_per_sm": "float32",
+    "occupancy": "float32",
+}
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_every_shared_trace_loads(name: str) -> None:
+    tr = load_trace(trace_path(name))
+    ev = tr.events
+    assert {c: str(t) for c, t in ev.dtypes.items() if c in EXPECTED_DTYPES} == EXPECTED_DTYPES
+    assert set(ev["cat"].cat.categories) == set(CATEGORIES)
+    assert len(ev) > 0
+    assert (ev["end"] == ev["ts"] + ev["dur"]).all()
+    assert (ev["dur"] >= 0).all()
+    # sorted by (rank, ts)
+    assert (np.diff(ev["ts"].to_numpy()) >= 0).all()
+    assert len(tr.steps) >= 1 and (tr.steps["end"] >= tr.steps["start"]).all()
+    assert tr.has_device == (name != CPU_ONLY)
+    kernels = ev[(ev["cat"] == "kernel").to_numpy()]
+    assert (kernels["stream"] >= 0).all() and (kernels["device"] >= 0).all()
+    assert (ev.loc[~ev["on_device"], "stream"] == -1).all()
+
+
+def test_old_trace_categories_and_string_tids_are_normalised() -> None:
+    tr = load_trace(trace_path(RESNET_NW0))
+    cats = tr.events["cat"].value_counts()
+    # 'Operator' -> cpu_op, 'Runtime' -> cuda_runtime, 'Kernel' -> kernel, ...
+    assert cats["cpu_op"] == 23646 and cats["cuda_runtime"] == 11923
+    assert cats["kernel"] == 8772 and cats["gpu_memcpy"] == 12 and cats["gpu_memset"] == 312
+    # string tids "25738" keep their number; 'stream 7' gets a stable id
+    assert 25738 in set(tr.events["tid"])
+    # old kernels carry 'external id' in lower case
+    k = tr.events[tr.events["cat"] == "kernel"]
+    assert (k["external_id"] > 0).mean() > 0.99
+    assert tr.steps["step"].tolist() == [5, 6, 7, 8, 9, 10]
+    assert len(tr.memory) == 12838 and tr.memory["total_allocated"].eq(-1).all()
+
+
+def test_ns_resolution_keeps_sub_microsecond_digits() -> None:
+    tr = load_trace(trace_path(V100_NS))
+    ts = tr.events["ts"].to_numpy()
+    # the file has ts like 1712195495519695.8 us; ns must not be rounded to whole us
+    assert (ts % 1000 != 0).mean() > 0.5
+    first = tr.events.iloc[0]
+    assert first["ts"] == 1712195495406752750  # 1712195495406752.75 us, exact
+
+
+def test_several_ranks_from_distributed_info(tmp_path: Path) -> None:
+    tr = load_trace([trace_path(RANK1), trace_path(RANK0)])
+    assert tr.ranks == [0, 1]
+    assert tr.events["rank"].tolist()[0] == 0
+    assert str(tr.events["name"].dtype) == "category"
+    assert sorted(tr.steps.groupby("rank").size().tolist()) == [2, 2]
+    assert tr.meta[1]["path"].endswith(RANK1)
+
+
+def test_folder_loads_every_json(tmp_path: Path) -> None:
+    for name in (RANK0, RANK1):
+        (tmp_path / name).symlink_to(trace_path(name))
+    (tmp_path / "notes.txt").write_text("not a trace")
+    assert load_trace(tmp_path).ranks == [0, 1]
+
+
+def _kineto(events: list, **meta) -> dict:
+    return {"schemaVersion": 1, "traceEvents": events, **meta}
+
+
+def _x(name, cat, ts, dur, **args) -> dict:
+    return {
+        "ph": "X",
+        "cat": cat,
+        "name": name,
+        "pid": 1,
+        "tid": 1,
+        "ts": ts,
+        "dur": dur,
+        "args": args,
+    }
+
+
+def test_bare_list_form_and_no_steps_warning(tmp_path: Path) -> None:
+    p = tmp_path / "bare.json"
+    p.write_text(json.dumps([_x("aten::mm", "cpu_op", 10, 5), _x("aten::add", "cpu_op", 20, 2.5)]))
+    tr = load_trace(p)
+    assert tr.events["ts"].tolist() == [10_000, 20_000]
+    assert tr.events["dur"].tolist() == [5_000, 2_500]
+    assert tr.steps.to_dict("records") == [{"rank": 0, "step": -1, "start": 10_000, "end": 22_500}]
+    assert any("no ProfilerStep#" in w and str(p) in w for w in tr.warnings)
+    assert not tr.has_device
+
+
+def test_mi250_device_naming() -> None:
+    tr = load_trace(trace_path(MI250))
+    k = tr.events[tr.events["cat"] == "kernel"]
+    assert set(k["device"]) == {2}
+    assert tr.steps["step"].tolist() == [1, 2]  # the GPU-side ProfilerStep#1 copy is not a step
+
+
+def _write(tmp_path: Path, name: str, data: bytes) -> Path:
+    p = tmp_path / name
+    p.write_bytes(data)
+    return p
+
+
+GOOD = json.dumps(_kineto([_x("ProfilerStep#1", "user_annotation", 0, 10)])).encode()
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "problem"),
+    [
+        ("trunc.json.gz", gzip.compress(GOOD * 50)[:-40], "truncated or corrupt gzip"),
+        ("trunc.json", GOOD[:-7], "truncated JSON"),
+        ("empty.json", b"", "empty file"),
+        ("blank.json", b"  \n", "empty file"),
+        ("text.json", b"hello, world", "not valid JSON"),
+        ("obj.json", b'{"a": 1}', "not a Kineto trace"),
+        ("numbers.json", b"[1, 2, 3]", "not a Kineto trace"),
+        ("scalar.json", b"42", "not a Kineto trace"),
+        ("noevents.json", json.dumps(_kineto([])).encode(), "no events"),
+        ("onlymeta.json", json.dumps(_kineto([{"ph": "M", "name": "x"}])).encode(), "no complete"),
+    ],
+)
+def test_bad_input_is_one_line_error_naming_the_file(
+    tmp_path: Path, name: str, data: bytes, problem: str
+) -> None:
+    p = _write(tmp_path, name, data)
+    with pytest.raises(TraceError) as info:
+        load_trace(p)
+    msg = str(info.value)
+    assert msg.startswith(f"{p}: ") and problem in msg and "\n" not in msg
+
+
+def test_missing_path_is_trace_error(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match="no such file"):
+        load_trace(tmp_path / "nope.json")

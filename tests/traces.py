@@ -1,0 +1,27 @@
+"""Where the shared real traces live, and a skip when they are not there."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+
+RESNET_NW0 = "resnet50_v100_num_workers_0.pt.trace.json.gz"
+RESNET_NW4 = "resnet50_v100_num_workers_4.pt.trace.json.gz"
+A100 = "a100_nccl_3steps.json.gz"
+V100_NS = "v100_ddp_rank0_ns_resolution.pt.trace.json.gz"
+RANK0 = "sampled_2ranks_rank-0.json.gz"
+RANK1 = "sampled_2ranks_rank-1.json.gz"
+CPU_ONLY = "cpu_only_rank34.pt.trace.json.gz"
+MI250 = "amd_mi250_minitoy.json.gz"
+ALL = [RESNET_NW0, RESNET_NW4, A100, V100_NS, RANK0, RANK1, CPU_ONLY, MI250]
+
+
+def trace_path(name: str) -> Path:
+    """Path of a shared trace; skips the test (with the reason) when it is missing."""
+    path = TRACES / name
+    if not path.exists():
+        pytest.skip(f"shared trace {name} not found in {TRACES} (tests read ../shared/traces)")
+    return path
