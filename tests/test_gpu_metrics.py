@@ -78,3 +78,23 @@ def test_modern_tensor_core_names_the_tb_list_misses() -> None:
         assert uses_tensor_cores_modern(name)
     assert not uses_tensor_cores_modern("volta_sgemm_128x64_nn")
     assert not uses_tensor_cores_modern("void at::native::vectorized_elementwise_kernel<4>")
+
+
+def test_fp32_cuda_core_gemms_are_not_tensor_core_work() -> None:
+    """fp32 matmul kernels from the same H100 run: FFMA/SIMT, no Tensor Cores.
+
+    tb-profiler's list claims the first (substring 'xmma_gemm'); the modern rule must not.
+    """
+    ffma = (
+        "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize64x64x8_stage3_warpsize1x4x1_ffma_"
+        "aligna4_alignc4_execute_kernel__5x_cublas"
+    )
+    simt = "void cutlass::Kernel2<cutlass_80_simt_sgemm_128x64_8x5_nn_align1>(Params)"
+    assert uses_tensor_cores(ffma)  # tb-profiler's false positive, kept for parity
+    assert not uses_tensor_cores_modern(ffma)
+    assert not uses_tensor_cores_modern(simt)
+    tf32 = (
+        "sm80_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize64x128x32_"
+        "stage5_warpsize2x2x1_g1_tensor16x8x8_execute_kernel_cudnn"
+    )
+    assert uses_tensor_cores_modern(tf32)

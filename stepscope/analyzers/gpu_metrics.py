@@ -48,21 +48,25 @@ TC_PATTERNS = (
 )
 
 #: Tensor-Core kernel families that tb-profiler 0.4.3 predates: cuDNN 8 on Ampere
-#: (``sm80_xmma_*``), CUTLASS tensor-op kernels, Hopper's warpgroup MMA (``wgmma``) and
-#: cuBLASLt's ``nvjet_sm90_*`` GEMMs (seen on an H100 with torch 2.11 + CUDA 13 for a
-#: plain bf16 ``x @ x``). tb-profiler's share misses these entirely on newer GPUs, so the
-#: diagnosis reads ``tensor_core_share_modern``; ``tensor_core_share`` stays comparable.
+#: (``sm80_xmma_*_tf32f32_*_tensor16x8x8``), CUTLASS tensor-op kernels, Hopper's
+#: warpgroup MMA (``wgmma``) and cuBLASLt's ``nvjet_sm90_*`` GEMMs (seen on an H100 with
+#: torch 2.11 + CUDA 13 for a bf16 ``x @ x``). The diagnosis reads
+#: ``tensor_core_share_modern``; ``tensor_core_share`` stays comparable with tb-profiler.
 TC_PATTERNS_MODERN = (
     *TC_PATTERNS,
     "sm80_xmma",
     "sm86_xmma",
     "sm90_xmma",
+    "tensor16x8",
     "tensorop",
     "wgmma",
     "nvjet",
-    "_hmma_",
-    "bf16gemm",
 )
+#: CUDA-core kernels that the substring rules above would otherwise claim: on an H100,
+#: a plain fp32 matmul runs ``sm80_xmma_gemm_f32f32_f32f32_f32_..._ffma_...`` (FFMA,
+#: no Tensor Cores), which tb-profiler's ``xmma_gemm`` pattern counts as Tensor-Core
+#: work, hiding exactly the "eligible but no Tensor Cores: enable TF32/bf16" finding.
+CUDA_CORE_MARKERS = ("_ffma_", "simt", "sgemm")
 
 COLUMNS = [
     "rank",
@@ -84,6 +88,8 @@ def uses_tensor_cores(name: str) -> bool:
 
 
 def uses_tensor_cores_modern(name: str) -> bool:
+    if any(m in name for m in CUDA_CORE_MARKERS):
+        return False
     return any(p in name for p in TC_PATTERNS_MODERN)
 
 
@@ -166,6 +172,7 @@ __all__ = [
     "COLUMNS",
     "TC_PATTERNS",
     "TC_PATTERNS_MODERN",
+    "CUDA_CORE_MARKERS",
     "gpu_metrics",
     "uses_tensor_cores",
     "uses_tensor_cores_modern",
