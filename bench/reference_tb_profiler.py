@@ -18,6 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from stepscope.analyzers.breakdown import CATEGORIES
+
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT.parent / "shared" / "traces"
 OUT = ROOT / "tests" / "reference" / "tb_profiler_breakdown.json"
@@ -29,16 +31,7 @@ FULL = [
     "resnet50_v100_num_workers_4.pt.trace.json.gz",
 ]
 TC_ONLY = ["a100_nccl_3steps.json.gz"]
-ROLES = [
-    "Kernel",
-    "Memcpy",
-    "Memset",
-    "Communication",
-    "Runtime",
-    "DataLoader",
-    "CPU Exec",
-    "Other",
-]
+ROLES = CATEGORIES  # tb-profiler's ProfileRole order, which the breakdown keeps
 
 
 def run_tb(path: Path):

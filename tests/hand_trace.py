@@ -14,23 +14,12 @@ import numpy as np
 import pandas as pd
 from traces import trace_path
 
-from stepscope.analyzers.trace_load import Trace
+from stepscope.analyzers.trace_load import CATEGORIES, DEVICE_CATEGORIES, Trace
 
 US = 1000  # ns
 
-DEVICE = {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"}
-CATS = [
-    "cpu_op",
-    "user_annotation",
-    "python_function",
-    "cuda_runtime",
-    "cuda_driver",
-    "kernel",
-    "gpu_memcpy",
-    "gpu_memset",
-    "gpu_user_annotation",
-    "other",
-]
+DEVICE = set(DEVICE_CATEGORIES)
+CATS = CATEGORIES
 
 
 def shared_trace(name: str) -> Path:
