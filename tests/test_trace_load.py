@@ -161,3 +161,55 @@ def test_bad_input_is_one_line_error_naming_the_file(
 def test_missing_path_is_trace_error(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match="no such file"):
         load_trace(tmp_path / "nope.json")
+
+
+def test_irregular_events_take_the_fallback_paths(tmp_path: Path) -> None:
+    """Missing fields, null args, non-dict args and a lower-case 'external id' give the
+    same columns as regular events would (the loader's fast paths fall back per field)."""
+    events = [
+        _x("aten::mm", "cpu_op", 10, 5, **{"External id": 7}),
+        {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 20},
+        {**_x("cudaLaunchKernel", "cuda_runtime", 21, 1), "args": None},
+        {**_x("python_fn", "python_function", 22, 1), "args": [1, 2]},
+        _x("k", "kernel", 30, 4, correlation=9, **{"external id": 7, "stream": 7, "device": 0}),
+        {"ph": "i", "name": "[memory]", "pid": 1, "tid": 1, "ts": 11, "args": {"Bytes": 64}},
+        {"ph": "i", "name": "[memory]", "pid": 1, "tid": 1, "ts": 12},
+        {"ph": "i", "name": "other instant", "pid": 1, "tid": 1, "ts": 13},
+        {"name": "no ph at all"},
+    ]
+    tr = load_trace(_write(tmp_path, "irregular.json", json.dumps(_kineto(events)).encode()))
+    ev = tr.events.set_index(tr.events["name"].astype(str))
+    assert ev.loc["aten::add", "dur"] == 0 and ev.loc["aten::add", "external_id"] == -1
+    assert ev.loc["aten::mm", "external_id"] == 7
+    assert ev.loc["cudaLaunchKernel", "correlation"] == -1
+    assert ev.loc["python_fn", "external_id"] == -1
+    assert ev.loc["k", ["correlation", "external_id", "stream", "device"]].tolist() == [9, 7, 7, 0]
+    assert list(tr.events["name"].cat.categories) == sorted(ev.index)
+    assert tr.memory["bytes"].tolist() == [64, 0]
+    assert tr.memory["total_allocated"].tolist() == [-1, -1]
+
+
+def test_non_string_names_stay_categorical(tmp_path: Path) -> None:
+    events = [_x("b", "cpu_op", 1, 1), _x(5, "cpu_op", 2, 1), _x("a", "cpu_op", 3, 1)]
+    tr = load_trace(_write(tmp_path, "names.json", json.dumps(_kineto(events)).encode()))
+    assert str(tr.events["name"].dtype) == "category"
+    assert tr.events["name"].tolist() == ["b", 5, "a"]
+
+
+def test_loading_restores_the_garbage_collector(tmp_path: Path) -> None:
+    """The loader pauses the cyclic GC (see _gc_paused); it must leave it as it found it."""
+    import gc
+
+    p = _write(tmp_path, "gc.json", GOOD)
+    assert gc.isenabled()
+    load_trace(p)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        load_trace(p)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    with pytest.raises(TraceError):
+        load_trace(_write(tmp_path, "bad.json", b"[1]"))
+    assert gc.isenabled()
