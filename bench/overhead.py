@@ -51,7 +51,12 @@ GOAL = 1.01
 
 
 def run_once(
-    example: str, steps: int | None, extra: list[str], timings: Path, home: Path | None
+    example: str,
+    steps: int | None,
+    extra: list[str],
+    timings: Path,
+    home: Path | None,
+    run_args: list[str] | None = None,
 ) -> tuple[list[float], float]:
     """One run of the example; returns (per-iteration seconds, process wall seconds).
     `home` set: under `stepscope run` recording into that store; None: plain."""
@@ -61,7 +66,7 @@ def run_once(
     job += extra
     if home is not None:
         cli = [sys.executable, "-m", "stepscope.app.cli", "--home", str(home)]
-        command = [*cli, "run", "--name", f"overhead-{example}", "--", *job]
+        command = [*cli, "run", "--name", f"overhead-{example}", *(run_args or []), "--", *job]
     else:
         command = job
     started = time.perf_counter()
@@ -85,6 +90,11 @@ def main() -> None:
         "--warmup", type=int, default=5, help="iterations skipped per run (default 5)"
     )
     parser.add_argument("--home", help="store for the stepscope arm (default: a temp dir)")
+    parser.add_argument(
+        "--run-args",
+        default="",
+        help="options for `stepscope run` in the stepscope arm; use the = form: --run-args='--sample-interval 2'",
+    )
     parser.add_argument("--json-out", metavar="FILE", help="also write the results as JSON")
     parser.add_argument("extra", nargs="*", help="more arguments for the example, after --")
     args = parser.parse_args()
@@ -98,7 +108,9 @@ def main() -> None:
             for arm, arm_home in (("plain", None), ("stepscope", home)):
                 timings = Path(tmp) / f"{pair}-{arm}.json"
                 load = os.getloadavg()[0]  # a loaded machine before the run: suspect pair
-                iters, wall = run_once(args.example, args.steps, args.extra, timings, arm_home)
+                iters, wall = run_once(
+                    args.example, args.steps, args.extra, timings, arm_home, args.run_args.split()
+                )
                 timed = iters[args.warmup :]
                 rows.append(
                     {
@@ -133,7 +145,8 @@ def main() -> None:
     else:
         ci = (float("nan"), float("nan"))
 
-    table = Table(title=f"stepscope overhead: examples/{args.example}.py")
+    title = f"stepscope overhead: examples/{args.example}.py {args.run_args}".rstrip()
+    table = Table(title=title)
     columns = ("pair", "arm", "median iter (ms)", "p95 iter (ms)", "iters", "process wall (s)")
     for col in (*columns, "load before"):
         table.add_column(col, justify="right")

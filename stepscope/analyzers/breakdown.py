@@ -37,11 +37,18 @@ operators and annotations, Other the rest (Python, idle, waiting).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 import numpy as np
 import pandas as pd
 
 from stepscope.analyzers.intervals import merge
-from stepscope.analyzers.priority import covers, per_window_sums, priority_segments
+from stepscope.analyzers.priority import (
+    covered_pieces,
+    per_window_sums,
+    priority_segments,
+    sorted_unique,
+)
 from stepscope.analyzers.trace_load import Trace
 
 CATEGORIES = [
@@ -61,12 +68,45 @@ COMM_PREFIXES = ("nccl:", "gloo:")
 COMM_KERNEL_PREFIXES = ("nccl", "rccl")
 
 
-def name_mask(names: pd.Series, predicate) -> np.ndarray:
+def name_mask(names: pd.Series, predicate: Callable[[str], bool]) -> np.ndarray:
     """Evaluate a name predicate once per distinct name, not once per event."""
     cats = names.cat.categories
-    hit = np.fromiter((bool(predicate(str(c))) for c in cats), dtype=bool, count=len(cats))
-    codes = names.cat.codes.to_numpy()
-    return np.where(codes >= 0, hit[codes], False)
+    hit = np.zeros(len(cats) + 1, dtype=bool)  # the extra False is what code -1 (NaN) reads
+    hit[:-1] = np.fromiter((bool(predicate(str(c))) for c in cats), dtype=bool, count=len(cats))
+    return hit[names.cat.codes.to_numpy()]
+
+
+def cat_mask(events: pd.DataFrame, cats: Iterable[str]) -> np.ndarray:
+    """Rows whose 'cat' is one of ``cats``, read from the categorical's int8 codes.
+
+    ``events["cat"] == "kernel"`` or ``np.isin(events["cat"].to_numpy(), ...)`` first
+    turns the column into one Python string per row (an object array under pandas 3),
+    which on a million-event trace costs more than the analysis using the mask.
+    """
+    col = events["cat"]
+    if not isinstance(col.dtype, pd.CategoricalDtype):
+        return np.isin(col.to_numpy(), list(cats))
+    wanted = set(cats)
+    # a handful of categories: a Python loop beats Index.isin's setup
+    hit = [c in wanted for c in col.cat.categories.tolist()]
+    hit.append(False)  # code -1 (NaN) reads this last entry
+    return np.array(hit, dtype=bool)[col.cat.codes.to_numpy()]
+
+
+def rank_rows(events: pd.DataFrame, ranks: Iterable[int]) -> dict[int, slice | np.ndarray]:
+    """Each rank's rows of ``events``: a slice when the frame is sorted by rank.
+
+    ``load_trace`` concatenates the ranks in order, so each rank is one contiguous
+    block and ``events.iloc[slice]`` is a view, where ``events[rank_col == r]`` would
+    copy every column of the whole table (once per rank and per analysis).
+    """
+    rank = events["rank"].to_numpy()
+    ranks = list(ranks)
+    if rank.size < 2 or bool((rank[1:] >= rank[:-1]).all()):
+        lo = np.searchsorted(rank, ranks, side="left")
+        hi = np.searchsorted(rank, ranks, side="right")
+        return {r: slice(int(a), int(b)) for r, a, b in zip(ranks, lo, hi, strict=True)}
+    return {r: np.flatnonzero(rank == r) for r in ranks}
 
 
 def _is_dataloader(name: str) -> bool:
@@ -85,24 +125,25 @@ def _is_comm_kernel(name: str) -> bool:
 
 def role_masks(ev: pd.DataFrame) -> dict[str, np.ndarray]:
     """Boolean masks of one rank's events for each breakdown category (before priority)."""
-    cat = ev["cat"].to_numpy()
     names = ev["name"]
-    host_op = np.isin(cat, HOST_OP_CATS)
+    host_op = cat_mask(ev, HOST_OP_CATS)
     step = name_mask(names, lambda n: n.startswith("ProfilerStep#")) & host_op
     dataloader = name_mask(names, _is_dataloader) & host_op
     comm_op = name_mask(names, _is_comm_op) & host_op
-    kernel = cat == "kernel"
-    comm_ext = ev["external_id"].to_numpy()[comm_op]
+    kernel = cat_mask(ev, ("kernel",))
+    external = ev["external_id"].to_numpy()
+    comm_ext = external[comm_op]
     comm_ext = comm_ext[comm_ext > 0]
-    comm_kernel = kernel & (
-        name_mask(names, _is_comm_kernel) | np.isin(ev["external_id"].to_numpy(), comm_ext)
-    )
+    comm_kernel = name_mask(names, _is_comm_kernel)
+    if comm_ext.size:  # most traces have no collectives: skip a million-row isin
+        comm_kernel |= np.isin(external, comm_ext)
+    comm_kernel &= kernel
     return {
         "Kernel": kernel & ~comm_kernel,
-        "Memcpy": cat == "gpu_memcpy",
-        "Memset": cat == "gpu_memset",
+        "Memcpy": cat_mask(ev, ("gpu_memcpy",)),
+        "Memset": cat_mask(ev, ("gpu_memset",)),
         "Communication": comm_kernel | comm_op,
-        "Runtime": np.isin(cat, LAUNCH_CATS),
+        "Runtime": cat_mask(ev, LAUNCH_CATS),
         "DataLoader": dataloader,
         "CPU Exec": host_op & ~step & ~dataloader & ~comm_op,
     }
@@ -119,25 +160,22 @@ def device_steps(ev: pd.DataFrame, host: pd.DataFrame) -> pd.DataFrame:
     starts = host["start"].to_numpy().astype(np.int64)
     ends = host["end"].to_numpy().astype(np.int64)
     n = len(host)
-    cat = ev["cat"].to_numpy()
     corr = ev["correlation"].to_numpy()
+    ts = ev["ts"].to_numpy()
+    end = ev["end"].to_numpy()
 
-    launch = np.isin(cat, LAUNCH_CATS) & (corr >= 0)
-    l_ts = ev["ts"].to_numpy()[launch]
-    l_end = ev["end"].to_numpy()[launch]
+    launch = cat_mask(ev, LAUNCH_CATS) & (corr >= 0)
+    l_ts = ts[launch]
+    l_end = end[launch]
     l_corr = corr[launch]
     j = np.searchsorted(starts, l_ts, side="right") - 1
     ok = j >= 0
     ok[ok] = l_end[ok] <= ends[j[ok]]
-    corr_step = pd.Series(j[ok], index=l_corr[ok])
-    corr_step = corr_step[~corr_step.index.duplicated(keep="last")]
 
-    work = np.isin(cat, DEVICE_WORK_CATS)
-    w_ts = ev["ts"].to_numpy()[work]
-    w_end = ev["end"].to_numpy()[work]
-    w_step = corr_step.reindex(corr[work]).to_numpy()
-    matched = ~np.isnan(w_step)
-    w_step = np.where(matched, w_step, -1).astype(np.int64)
+    work = cat_mask(ev, DEVICE_WORK_CATS)
+    w_ts = ts[work]
+    w_end = end[work]
+    w_step, matched = _step_of_correlation(l_corr[ok], j[ok], corr[work])
 
     dev_min = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
     dev_max = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
@@ -177,12 +215,34 @@ def device_steps(ev: pd.DataFrame, host: pd.DataFrame) -> pd.DataFrame:
     return out[["rank", "step", "start", "end", "host_start", "host_end", "device_work"]]
 
 
+def _step_of_correlation(
+    l_corr: np.ndarray, l_step: np.ndarray, w_corr: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Step of each device event via its launch's correlation id (-1, False: no launch).
+
+    Several launches with one id: the last one wins, as tb-profiler's dict does. A
+    sort and a binary search; a pandas Series index with ``reindex`` hashes every id.
+    """
+    order = np.argsort(l_corr, kind="stable")
+    c, st = l_corr[order], l_step[order]
+    last = np.ones(c.size, dtype=bool)
+    last[:-1] = c[1:] != c[:-1]
+    c, st = c[last], st[last]
+    if c.size == 0:
+        return np.full(w_corr.size, -1, dtype=np.int64), np.zeros(w_corr.size, dtype=bool)
+    pos = np.minimum(np.searchsorted(c, w_corr), c.size - 1)
+    matched = c[pos] == w_corr
+    return np.where(matched, st[pos], -1).astype(np.int64), matched
+
+
 def adjusted_steps(trace: Trace) -> pd.DataFrame:
     """Every rank's steps after the device-side adjustment (the breakdown's windows)."""
+    rows = rank_rows(trace.events, trace.ranks)
+    step_rank = trace.steps["rank"].to_numpy()
     frames = []
     for rank in trace.ranks:
-        ev = trace.events[trace.events["rank"].to_numpy() == rank]
-        host = trace.steps[trace.steps["rank"] == rank]
+        ev = trace.events.iloc[rows[rank]]
+        host = trace.steps[step_rank == rank]
         frames.append(device_steps(ev, host))
     return pd.concat(frames, ignore_index=True)
 
@@ -196,10 +256,10 @@ def _rank_breakdown(ev: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     hi = steps["end"].to_numpy().astype(np.int64)
     bounds, label = priority_segments(roles, np.concatenate([lo, hi]))
     sums = per_window_sums(bounds, label, len(CATEGORIES), lo, hi)
-    out = steps[["rank", "step", "start", "end"]].reset_index(drop=True)
-    out["duration"] = hi - lo
-    for k, c in enumerate(CATEGORIES):
-        out[c] = sums[:, k]
+    # one constructor call: a column assignment at a time re-indexes the frame each time
+    cols = {c: steps[c].to_numpy() for c in ("rank", "step", "start", "end")}
+    cols["duration"] = hi - lo
+    cols.update({c: sums[:, k] for k, c in enumerate(CATEGORIES)})
 
     # Communication overlap, tb-profiler's definition: communication time that runs
     # while computation (kernels; host ops when there are no kernels) runs too.
@@ -208,35 +268,37 @@ def _rank_breakdown(ev: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     pair.append((ts[masks[compute]], end[masks[compute]]))
     b2, l2 = _overlap_segments(pair, np.concatenate([lo, hi]))
     s2 = per_window_sums(b2, l2, 4, lo, hi)
-    out["comm_total"] = s2[:, 1] + s2[:, 3]
-    out["comm_overlap"] = s2[:, 3]
-    return out
+    cols["comm_total"] = s2[:, 1] + s2[:, 3]
+    cols["comm_overlap"] = s2[:, 3]
+    return pd.DataFrame(cols)
 
 
 def _overlap_segments(pair, extra):
     """Label pieces 0 = neither, 1 = comm only, 2 = compute only, 3 = both."""
     (cs, ce), (ks, ke) = pair
     mc, mk = merge(cs, ce), merge(ks, ke)
-    bounds = np.unique(np.concatenate([extra.astype(np.int64), *mc, *mk]))
+    bounds = sorted_unique(np.concatenate([extra.astype(np.int64), *mc, *mk]))
     if bounds.size < 2:
         return bounds, np.zeros(0, dtype=np.int8)
-    left = bounds[:-1]
-    label = covers(*mc, left).astype(np.int8) + 2 * covers(*mk, left).astype(np.int8)
+    label = covered_pieces(bounds, *mc).astype(np.int8)
+    label += 2 * covered_pieces(bounds, *mk).astype(np.int8)
     return bounds, label
 
 
-def step_breakdown(trace: Trace) -> pd.DataFrame:
+def step_breakdown(trace: Trace, steps: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per (rank, step): wall time and each category's time, in ns.
 
     Columns: rank, step, start, end, duration, the CATEGORIES, comm_total,
-    comm_overlap. The CATEGORIES of a row add up to its duration.
+    comm_overlap. The CATEGORIES of a row add up to its duration. ``steps`` is
+    ``adjusted_steps(trace)`` when the caller already has it (the report does).
     """
-    steps = adjusted_steps(trace)
-    rank_col = trace.events["rank"].to_numpy()
+    steps = adjusted_steps(trace) if steps is None else steps
+    rows = rank_rows(trace.events, trace.ranks)
+    step_rank = steps["rank"].to_numpy()
     frames = []
     for rank in trace.ranks:
-        ev = trace.events[rank_col == rank]
-        frames.append(_rank_breakdown(ev, steps[steps["rank"] == rank]))
+        ev = trace.events.iloc[rows[rank]]
+        frames.append(_rank_breakdown(ev, steps[step_rank == rank]))
     return pd.concat(frames, ignore_index=True)
 
 

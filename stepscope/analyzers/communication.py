@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analyzers import intervals
+from stepscope.analyzers.breakdown import cat_mask
 from stepscope.analyzers.hta_rules import (
     COMMUNICATION,
     COMPUTATION,
@@ -38,12 +39,14 @@ def _comm_and_compute(trace) -> dict[int, dict]:
     ranks = ev["rank"].to_numpy()
     ts = ev["ts"].to_numpy()
     end = ev["end"].to_numpy()
-    is_dev = ev["cat"].isin(DEVICE_CATS).to_numpy()
+    is_dev = cat_mask(ev, DEVICE_CATS)
     ktype = np.full(len(ev), -1, dtype=np.int8)
     if is_dev.any():
-        ktype[is_dev] = kernel_types(ev["name"][is_dev])
+        # types per distinct name, then indexed by every row's code: the same values as
+        # typing the device rows alone, without filtering the name column first
+        ktype[is_dev] = kernel_types(ev["name"])[is_dev]
     host_comm = cpu_comm_mask(ev)
-    host_ops = ev["cat"].isin(("cpu_op",)).to_numpy()
+    host_ops = cat_mask(ev, ("cpu_op",))
     out = {}
     for rank in trace.ranks:
         on = ranks == rank
@@ -64,9 +67,9 @@ def _comm_and_compute(trace) -> dict[int, dict]:
     return out
 
 
-def _hta_overlap(trace) -> dict[int, tuple[int, int]]:
+def _hta_overlap(trace, dev: pd.DataFrame | None = None) -> dict[int, tuple[int, int]]:
     """(overlap ns, comm ns) per rank for device ranks, with HTA's selection and rounding."""
-    dev = hta_device_events(trace.events)
+    dev = hta_device_events(trace.events) if dev is None else dev
     if dev.empty:
         return {}
     ktype = kernel_types(dev["name"])
@@ -85,13 +88,13 @@ def _hta_overlap(trace) -> dict[int, tuple[int, int]]:
 def _per_step(trace, parts: dict[int, dict]) -> pd.DataFrame:
     """One row per (rank, step): step ns, collective ns inside the step window."""
     rows = []
+    merged = {rank: intervals.merge(*p["comm"]) for rank, p in parts.items()}  # once per rank
     for st in trace.steps.itertuples(index=False):
         p = parts.get(int(st.rank))
         if p is None:
             continue
-        s, e = p["comm"]
         comm = intervals.clip_to_windows(
-            intervals.merge(s, e), np.array([st.start]), np.array([st.end])
+            merged[int(st.rank)], np.array([st.start]), np.array([st.end])
         )
         comm_ns = int((comm[1] - comm[0]).sum())
         first = int(comm[0][0] - st.start) if comm[0].size else -1
@@ -130,14 +133,15 @@ def _skew(per_rank: pd.DataFrame) -> pd.DataFrame | None:
     return out
 
 
-def communication_summary(trace) -> dict:
+def communication_summary(trace, dev: pd.DataFrame | None = None) -> dict:
     """Communication share, overlap with compute, per-rank times and skew.
 
     Returns a dict with ``share`` (0..1 of step time, all ranks), ``overlap`` (0..1,
     None without communication), ``overlap_by_rank``, ``comm_ns``, ``step_ns``,
     ``basis`` (per rank: "device" or "cpu"), ``per_rank`` (DataFrame per rank and step:
     step_ns, comm_ns, share, wait_ns, is_straggler) and ``skew`` (DataFrame per step
-    with the straggler, or None with a single rank).
+    with the straggler, or None with a single rank). ``dev`` is
+    ``hta_device_events(trace.events)`` when the caller already has it.
     """
     parts = _comm_and_compute(trace)
     per_rank = _per_step(trace, parts)
@@ -146,7 +150,7 @@ def communication_summary(trace) -> dict:
 
     overlap_by_rank: dict[int, float | None] = {}
     over_ns = total_comm = 0
-    hta = _hta_overlap(trace)
+    hta = _hta_overlap(trace, dev)
     for rank, p in parts.items():
         if p["basis"] == "device":
             o, c = hta.get(rank, (0, 0))

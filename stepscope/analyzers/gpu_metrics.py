@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from stepscope.analyzers.breakdown import adjusted_steps, name_mask
+from stepscope.analyzers.breakdown import adjusted_steps, cat_mask, name_mask
 from stepscope.analyzers.intervals import covered_in
 from stepscope.analyzers.trace_load import Trace
 
@@ -134,7 +134,9 @@ def gpu_metrics(trace: Trace, steps: pd.DataFrame | None = None) -> pd.DataFrame
         return pd.DataFrame(columns=COLUMNS)
     steps = adjusted_steps(trace) if steps is None else steps
     ev = trace.events
-    kern = ev[(ev["cat"] == "kernel").to_numpy()]
+    # the needed columns of the kernel rows only (not a filtered copy of the whole table)
+    cols = ["rank", "device", "name", "ts", "end", "dur", "blocks_per_sm", "occupancy"]
+    kern = ev[cols].iloc[np.flatnonzero(cat_mask(ev, ("kernel",)))]
     tc = name_mask(kern["name"], uses_tensor_cores)
     tc_modern = name_mask(kern["name"], uses_tensor_cores_modern)
     rows = []

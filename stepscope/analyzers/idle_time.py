@@ -36,24 +36,26 @@ def idle_time_breakdown(
     trace,
     consecutive_kernel_delay_ns: int = CONSECUTIVE_KERNEL_DELAY_NS,
     hta_rounding: bool = True,
+    dev: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """Idle ns per (rank, stream, category) and each category's share of the stream's idle time.
 
     Every stream gets all three categories (zero where none), so a consumer can pivot
     without filling holes. ``hta_rounding`` (default, for parity) rounds times to whole
     microseconds as HTA does; pass False for exact nanosecond gaps. An empty frame (same columns) when the trace has no device
-    events: a CPU-only run has no device to be idle.
+    events: a CPU-only run has no device to be idle. ``dev`` is
+    ``hta_device_events(trace.events, hta_rounding)`` when the caller already has it
+    (the report shares it between the HTA analyses).
     """
-    dev = hta_device_events(trace.events, hta_rounding)
+    dev = hta_device_events(trace.events, hta_rounding) if dev is None else dev
     if dev.empty:
         return pd.DataFrame({c: pd.Series(dtype=t) for c, t in _dtypes().items()})
-    dev = dev.sort_values(["rank", "stream", "ts"], kind="stable", ignore_index=True)
-
-    rank = dev["rank"].to_numpy()
-    stream = dev["stream"].to_numpy()
-    ts = dev["ts"].to_numpy()
-    end = dev["end"].to_numpy()
-    runtime_ts = dev["runtime_ts"].to_numpy()
+    # (rank, stream, ts) order, stable: what sort_values on the three columns gives
+    r0, s0, t0 = (dev[c].to_numpy() for c in ("rank", "stream", "ts"))
+    order = np.lexsort((t0, s0, r0))
+    rank, stream, ts = r0[order], s0[order], t0[order]
+    end = dev["end"].to_numpy()[order]
+    runtime_ts = dev["runtime_ts"].to_numpy()[order]
 
     # previous event on the same (rank, stream); the first one of a stream has no gap
     same = np.zeros(ts.size, dtype=bool)
@@ -67,36 +69,31 @@ def idle_time_breakdown(
     kernel_wait = same & ~host_wait & (gap < consecutive_kernel_delay_ns)
     category = np.where(host_wait, 0, np.where(kernel_wait, 1, 2)).astype(np.int8)
 
-    keys = pd.DataFrame(
-        {
-            "rank": rank[same],
-            "stream": stream[same],
-            "cat": category[same],
-            "gap": gap[same],
-        }
-    )
-    sums = keys.groupby(["rank", "stream", "cat"], sort=True)["gap"].agg(["sum", "size"])
-
-    streams = pd.DataFrame({"rank": rank, "stream": stream}).drop_duplicates()
-    full_index = pd.MultiIndex.from_tuples(
-        [(r, s, c) for r, s in streams.itertuples(index=False) for c in range(3)],
-        names=["rank", "stream", "cat"],
-    )
-    sums = sums.reindex(full_index, fill_value=0).reset_index()
-    per_stream = sums.groupby(["rank", "stream"])["sum"].transform("sum")
-    share = np.where(per_stream > 0, sums["sum"] / per_stream.where(per_stream != 0, 1), 0.0)
+    # Streams in sorted order, three categories each (zeros included): the rows are
+    # already grouped by stream, so integer group ids replace pandas' groupby/reindex.
+    stream_id = np.cumsum(~same) - 1
+    firsts = np.flatnonzero(~same)
+    n_groups = 3 * firsts.size
+    group = (stream_id * 3 + category)[same]
+    idle = np.zeros(n_groups, dtype=np.int64)
+    np.add.at(idle, group, gap[same])
+    gaps = np.bincount(group, minlength=n_groups).astype(np.int64)
+    per_stream = np.repeat(idle.reshape(-1, 3).sum(axis=1), 3)
+    share = np.where(per_stream > 0, idle / np.where(per_stream != 0, per_stream, 1), 0.0)
+    cat_of_row = np.tile(np.arange(3), firsts.size)
 
     out = pd.DataFrame(
         {
-            "rank": sums["rank"].astype(np.int64),
-            "stream": sums["stream"].astype(np.int64),
-            "idle_category": np.asarray(CATEGORIES, dtype=object)[sums["cat"].to_numpy()],
-            "idle_ns": sums["sum"].astype(np.int64),
+            "rank": np.repeat(rank[firsts].astype(np.int64), 3),
+            "stream": np.repeat(stream[firsts].astype(np.int64), 3),
+            "idle_category": np.asarray(CATEGORIES, dtype=object)[cat_of_row],
+            "idle_ns": idle,
             "idle_share": share.astype(float),
-            "gaps": sums["size"].astype(np.int64),
+            "gaps": gaps,
         }
     )
-    return out.sort_values(["rank", "stream", "idle_category"], ignore_index=True)[_COLUMNS]
+    # already in (rank, stream, category) order: CATEGORIES are alphabetical
+    return out[_COLUMNS]
 
 
 def _dtypes() -> dict[str, str]:

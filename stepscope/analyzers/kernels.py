@@ -14,7 +14,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from stepscope.analyzers.breakdown import name_mask
+from stepscope.analyzers.breakdown import cat_mask, name_mask
 from stepscope.analyzers.trace_load import Trace
 
 KERNEL_CLASSES = (
@@ -71,13 +71,26 @@ _RULES: list[tuple[str, re.Pattern[str]]] = [
 ]
 
 
+# The same rules for ASCII names, matched against the lower-cased name: case-insensitive
+# search over these long alternations is ~5x slower than a case-sensitive one, and on
+# ASCII text lower-casing first finds exactly the same matches. Patterns with capitals
+# keep re.I (still correct on lower-cased text); non-ASCII names use _RULES as they are.
+_RULES_ASCII: list[tuple[str, re.Pattern[str]]] = [
+    (cls, re.compile(p.pattern, p.flags & ~re.I) if p.pattern == p.pattern.lower() else p)
+    for cls, p in _RULES
+]
+
+
 def classify_kernel(name: str, cat: str = "kernel") -> str:
     """Class of one device event, from its category and name."""
     if cat == "gpu_memcpy":
         return "memcpy"
     if cat == "gpu_memset":
         return "memset"
-    for cls, pattern in _RULES:
+    rules = _RULES
+    if name.isascii():
+        name, rules = name.lower(), _RULES_ASCII
+    for cls, pattern in rules:
         if pattern.search(name):
             return cls
     return "other"
@@ -86,8 +99,9 @@ def classify_kernel(name: str, cat: str = "kernel") -> str:
 def device_work(trace: Trace) -> pd.DataFrame:
     """Kernels, memcpys and memsets with their class (one classifier call per name)."""
     ev = trace.events
-    dev = ev[ev["cat"].isin(["kernel", "gpu_memcpy", "gpu_memset"]).to_numpy()]
-    dev = dev[["rank", "device", "stream", "cat", "name", "ts", "dur", "end"]].copy()
+    rows = np.flatnonzero(cat_mask(ev, ("kernel", "gpu_memcpy", "gpu_memset")))
+    # pick the columns before the rows: filtering the whole table copies all 15 columns
+    dev = ev[["rank", "device", "stream", "cat", "name", "ts", "dur", "end"]].iloc[rows]
     names = dev["name"].cat.remove_unused_categories()
     dev["name"] = names
     per_name = np.array(
@@ -95,9 +109,8 @@ def device_work(trace: Trace) -> pd.DataFrame:
         dtype=np.int8,
     )
     codes = per_name[names.cat.codes.to_numpy()]
-    cat = dev["cat"].to_numpy()
-    codes[cat == "gpu_memcpy"] = KERNEL_CLASSES.index("memcpy")
-    codes[cat == "gpu_memset"] = KERNEL_CLASSES.index("memset")
+    codes[cat_mask(dev, ("gpu_memcpy",))] = KERNEL_CLASSES.index("memcpy")
+    codes[cat_mask(dev, ("gpu_memset",))] = KERNEL_CLASSES.index("memset")
     dev["class"] = pd.Categorical.from_codes(codes, categories=KERNEL_CLASSES)
     return dev
 
@@ -134,6 +147,28 @@ def class_summary(trace: Trace, work: pd.DataFrame | None = None) -> pd.DataFram
 HOST_TREE_CATS = ("cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver")
 
 
+def _thread_ids(rank: np.ndarray, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
+    """Dense int64 id per distinct (rank, pid, tid): one integer factorize per column.
+
+    Factorizing a MultiIndex of the three builds a million Python tuples first.
+    """
+    codes = np.zeros(rank.size, dtype=np.int64)
+    for col in (rank, pid, tid):
+        c, uniq = pd.factorize(col)
+        codes = codes * len(uniq) + c
+    return pd.factorize(codes)[0].astype(np.int64)
+
+
+def _in_start_order(rank: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> bool:
+    """Are the rows sorted by (rank, ts, -dur), the order ``load_trace`` gives them?"""
+    if rank.size < 2:
+        return True
+    r0, r1 = rank[:-1], rank[1:]
+    t0, t1 = ts[:-1], ts[1:]
+    ok = (r1 > r0) | ((r1 == r0) & ((t1 > t0) | ((t1 == t0) & (dur[1:] <= dur[:-1]))))
+    return bool(ok.all())
+
+
 def self_times(ev: pd.DataFrame) -> np.ndarray:
     """Self time (ns) of each host event: its duration minus its direct children's
     (children = ranges nested inside it on the same thread), clipped at 0.
@@ -144,29 +179,57 @@ def self_times(ev: pd.DataFrame) -> np.ndarray:
     earlier event one level up on the same thread. Zero-length events have no
     children and take no time from a parent, so they stay out of the tree.
     """
-    self_ns = ev["dur"].to_numpy().astype(np.int64).copy()
+    cols = (ev[c].to_numpy() for c in ("rank", "pid", "tid", "ts", "dur", "end"))
+    return _self_times(*cols)
+
+
+def _self_times(
+    rank: np.ndarray,
+    pid: np.ndarray,
+    tid: np.ndarray,
+    ts: np.ndarray,
+    dur: np.ndarray,
+    end: np.ndarray,
+) -> np.ndarray:
+    """``self_times`` on column arrays, so callers can pass a row subset without
+    building a DataFrame of it."""
+    self_ns = dur.astype(np.int64)  # astype copies: the caller's column stays intact
     nz = np.flatnonzero(self_ns > 0)
     if nz.size < 2:
         return self_ns
-    sub = ev.iloc[nz]
-    thread = pd.MultiIndex.from_arrays([sub["rank"], sub["pid"], sub["tid"]])
-    gid = pd.factorize(thread)[0].astype(np.int64)
-    ts, end = sub["ts"].to_numpy(), sub["end"].to_numpy()
-    order = np.lexsort((-(end - ts), ts, gid))
+    rank = rank[nz]
+    ts = ts[nz].astype(np.int64)
+    end = end[nz].astype(np.int64)
+    gid = _thread_ids(rank, pid[nz], tid[nz])
+    if _in_start_order(rank, ts, end - ts):
+        # already (ts, -dur) within each thread: a stable sort by thread alone gives
+        # the same order as the three-key lexsort (and on uint16, numpy's radix sort)
+        order = np.argsort(gid.astype(np.uint16) if gid.max() < 2**16 else gid, kind="stable")
+    else:
+        order = np.lexsort((-(end - ts), ts, gid))
     gid, ts, end = gid[order], ts[order], end[order]
     m = gid.size
-    first = np.searchsorted(gid, gid, side="left")  # group offset in sorted order
-    local = np.arange(m) - first
+    new_group = np.empty(m, dtype=bool)
+    new_group[0] = True
+    np.not_equal(gid[1:], gid[:-1], out=new_group[1:])
+    pos = np.arange(m, dtype=np.int64)
+    first = np.maximum.accumulate(np.where(new_group, pos, 0))  # group offset
+    local = pos - first
 
-    times, inv = np.unique(np.concatenate([ts, end]), return_inverse=True)
-    r_ts, r_end = inv[:m], inv[m:]
-    span = np.int64(times.size + 1)
-    end_keys = np.sort(gid * span + r_end)
-    closed = np.searchsorted(end_keys, gid * span + r_ts, side="right") - first
+    # (thread, time) keys: offset times when thread x span fits in int64, else ranks
+    t_min = int(min(ts.min(), end.min()))
+    width = int(max(ts.max(), end.max())) - t_min + 1
+    if (int(gid[-1]) + 1) * width < 2**62:
+        base = gid * np.int64(width) - np.int64(t_min)
+        ts_key, end_key = base + ts, base + end
+    else:
+        times, inv = np.unique(np.concatenate([ts, end]), return_inverse=True)
+        span = np.int64(times.size + 1)
+        ts_key, end_key = gid * span + inv[:m], gid * span + inv[m:]
+    closed = np.searchsorted(np.sort(end_key), ts_key, side="right") - first
     depth = local - closed
 
     dmax = np.int64(depth.max() + 1)
-    pos = np.arange(m, dtype=np.int64)
     key = (gid * dmax + depth) * m + pos
     key_sorted = np.sort(key)
     has_parent = depth > 0
@@ -195,26 +258,41 @@ def top_ops(trace: Trace, n: int = 10) -> pd.DataFrame:
     """
     cols = ["name", "count", "self_ns", "total_ns", "mean_self_ns", "share"]
     ev = trace.events
-    host = ev[ev["cat"].isin(HOST_TREE_CATS).to_numpy()]
-    if host.empty:
+    # column arrays of the host rows only: filtering the whole table would copy every
+    # column, and the name column as strings, for a million rows
+    host = np.flatnonzero(cat_mask(ev, HOST_TREE_CATS))
+    if host.size == 0:
         return pd.DataFrame(columns=cols)
-    self_ns = self_times(host)
-    ops = (host["cat"] == "cpu_op").to_numpy() & ~name_mask(
-        host["name"], lambda n: n.startswith("ProfilerStep#")
-    )
-    df = pd.DataFrame(
+    arrays = [ev[c].to_numpy()[host] for c in ("rank", "pid", "tid", "ts", "dur", "end")]
+    self_ns = _self_times(*arrays)
+    names = ev["name"]
+    is_op = cat_mask(ev, ("cpu_op",)) & ~name_mask(names, lambda n: n.startswith("ProfilerStep#"))
+    ops = is_op[host]
+    if not ops.any():
+        return pd.DataFrame(columns=cols)
+    op_self = self_ns[ops]
+    op_dur = arrays[4][ops]
+    code = names.cat.codes.to_numpy()[host][ops]
+    named = code >= 0  # a missing name is no group (pandas drops NaN keys) but counts in share
+    # Groups by integer code in order of first appearance: the groups, order and exact
+    # int64 sums that groupby(name, sort=False).agg gave on the names as strings, without
+    # a string per row or pandas' aggregation machinery (most of the time on ResNet).
+    group, first_code = pd.factorize(code[named])
+    k = len(first_code)
+    self_sum = np.zeros(k, dtype=np.int64)
+    dur_sum = np.zeros(k, dtype=np.int64)
+    np.add.at(self_sum, group, op_self[named])
+    np.add.at(dur_sum, group, op_dur[named])
+    count = np.bincount(group, minlength=k).astype(np.int64)
+    out = pd.DataFrame(
         {
-            "name": host["name"].to_numpy()[ops],
-            "self_ns": self_ns[ops],
-            "dur": host["dur"].to_numpy()[ops],
+            "name": names.cat.categories.take(first_code).astype(str),
+            "count": count,
+            "self_ns": self_sum,
+            "total_ns": dur_sum,
+            "mean_self_ns": self_sum / count,
+            "share": self_sum / max(int(op_self.sum()), 1),
         }
     )
-    if df.empty:
-        return pd.DataFrame(columns=cols)
-    g = df.groupby("name", observed=True, sort=False)
-    out = g.agg(count=("dur", "count"), self_ns=("self_ns", "sum"), total_ns=("dur", "sum"))
-    out["mean_self_ns"] = out["self_ns"] / out["count"]
-    out["share"] = out["self_ns"] / max(int(df["self_ns"].sum()), 1)
-    out = out.sort_values("self_ns", ascending=False).head(n).reset_index()
-    out["name"] = out["name"].astype(str)
-    return out[cols]
+    # the same sort call on the same values in the same row order: the same tie order
+    return out.sort_values("self_ns", ascending=False).head(n).reset_index(drop=True)[cols]

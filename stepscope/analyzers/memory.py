@@ -85,32 +85,70 @@ def memory_summary(trace) -> dict[str, dict]:
     not report it, e.g. CPU), events, and for devices with known capacity
     (deviceProperties.totalGlobalMem) capacity_bytes and peak_share, the figure the
     "capacity" bottleneck is judged on.
+
+    The same numbers as grouping ``_labelled(trace)`` by device (max, first, size),
+    with numpy: a few devices over up to millions of rows, where the pandas merge and
+    named aggregation cost more than the arithmetic.
     """
-    mem = _labelled(trace)
+    mem = trace.memory
     out: dict[str, dict] = {}
     if mem.empty:
         return out
-    grouped = mem.groupby("device", sort=True)
-    peaks = grouped.agg(
-        rank=("rank", "first"),
-        device_type=("device_type", "first"),
-        device_id=("device_id", "first"),
-        peak_allocated_bytes=("total_allocated", "max"),
-        peak_reserved_bytes=("total_reserved", "max"),
-        events=("ts", "size"),
-    )
-    for device, row in peaks.iterrows():
+    rank = mem["rank"].to_numpy()
+    dev_type = mem["device_type"].to_numpy()
+    dev_id = mem["device_id"].to_numpy()
+    multi = len(trace.ranks) > 1
+    # label of each distinct (rank, type, id), then one group per distinct label
+    combo = np.zeros(rank.size, dtype=np.int64)
+    for col in (rank, dev_type, dev_id) if multi else (dev_type, dev_id):
+        codes, uniq = pd.factorize(col)
+        combo = combo * len(uniq) + codes
+    combo = pd.factorize(combo)[0]
+    n_combo = int(combo.max()) + 1
+    first_of_combo = np.full(n_combo, rank.size, dtype=np.int64)
+    np.minimum.at(first_of_combo, combo, np.arange(rank.size))
+    labels = [
+        (f"rank{int(rank[i])}/" if multi else "") + _device_label(dev_type[i], dev_id[i])
+        for i in first_of_combo.tolist()
+    ]
+    names = sorted(set(labels))  # groupby(sort=True) order
+    group_of_combo = np.array([names.index(lab) for lab in labels], dtype=np.int64)
+    group = group_of_combo[combo]
+
+    allocated = mem["total_allocated"].to_numpy()
+    missing = allocated < 0
+    if missing.any():  # old traces: rebuild allocated from the signed deltas, per device
+        order = np.argsort(group, kind="stable")
+        running = np.cumsum(mem["bytes"].to_numpy()[order])
+        g_sorted = group[order]
+        start = np.flatnonzero(np.r_[True, g_sorted[1:] != g_sorted[:-1]])
+        before = np.r_[0, running][start]  # running total before each group's first row
+        running = running - np.repeat(before, np.diff(np.r_[start, g_sorted.size]))
+        rebuilt = np.empty_like(running)
+        rebuilt[order] = running
+        allocated = np.where(missing, rebuilt, allocated)
+
+    n = len(names)
+    peak_alloc = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
+    peak_res = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(peak_alloc, group, allocated)
+    np.maximum.at(peak_res, group, mem["total_reserved"].to_numpy())
+    events = np.bincount(group, minlength=n)
+    first = np.full(n, group.size, dtype=np.int64)
+    np.minimum.at(first, group, np.arange(group.size))
+    for g, device in enumerate(names):
         entry = {
-            "peak_allocated_bytes": int(max(row.peak_allocated_bytes, 0)),
-            "peak_reserved_bytes": int(max(row.peak_reserved_bytes, 0)),
-            "events": int(row.events),
+            "peak_allocated_bytes": int(max(peak_alloc[g], 0)),
+            "peak_reserved_bytes": int(max(peak_res[g], 0)),
+            "events": int(events[g]),
         }
-        if row.device_type != 0:
-            cap = _capacity(trace, int(row["rank"]), int(row.device_id))
+        row = first[g]
+        if dev_type[row] != 0:
+            cap = _capacity(trace, int(rank[row]), int(dev_id[row]))
             if cap:
                 entry["capacity_bytes"] = cap
                 entry["peak_share"] = max(entry["peak_allocated_bytes"], 0) / cap
-        out[str(device)] = entry
+        out[device] = entry
     return out
 
 

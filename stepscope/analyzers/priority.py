@@ -13,6 +13,22 @@ import numpy as np
 from stepscope.analyzers.intervals import merge
 
 
+def sorted_unique(values: np.ndarray) -> np.ndarray:
+    """``np.unique`` of int64 time stamps, by sorting.
+
+    numpy 2's ``np.unique`` hashes integers first, which on epoch-nanosecond stamps
+    (large values sharing their low bits) degrades badly: ~2 s for 2 M values where a
+    sort and a neighbour compare take ~25 ms. Same result, sorted ascending.
+    """
+    s = np.sort(np.asarray(values, dtype=np.int64))
+    if s.size < 2:
+        return s
+    keep = np.empty(s.size, dtype=bool)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]
+
+
 def covers(ms: np.ndarray, me: np.ndarray, points: np.ndarray) -> np.ndarray:
     """For merged intervals (from ``merge``): is each point inside one, [start, end)?"""
     if ms.size == 0:
@@ -21,6 +37,22 @@ def covers(ms: np.ndarray, me: np.ndarray, points: np.ndarray) -> np.ndarray:
     inside = j >= 0
     inside[inside] = me[j[inside]] > points[inside]
     return inside
+
+
+def covered_pieces(bounds: np.ndarray, ms: np.ndarray, me: np.ndarray) -> np.ndarray:
+    """Which pieces [bounds[k], bounds[k+1]) lie inside merged spans (ms, me)?
+
+    Same answer as ``covers(ms, me, bounds[:-1])``, but every span edge must be one of
+    ``bounds`` (true for the cut time lines here): then each span switches coverage on
+    at its start's index and off at its end's, and one cumulative sum over the pieces
+    replaces a binary search per piece, ~2.5x faster on a million pieces. Empty spans
+    (a lone zero-length event) cover nothing, as in ``covers``.
+    """
+    keep = me > ms
+    flag = np.zeros(bounds.size, dtype=np.int8)
+    flag[np.searchsorted(bounds, ms[keep])] = 1  # merged spans are disjoint and do not
+    flag[np.searchsorted(bounds, me[keep])] = -1  # touch: distinct indices, running sum 0/1
+    return np.cumsum(flag[:-1], dtype=np.int8).view(bool)
 
 
 def priority_segments(
@@ -38,14 +70,12 @@ def priority_segments(
     pieces = [extra_bounds.astype(np.int64)]
     for ms, me in merged:
         pieces.extend((ms, me))
-    bounds = np.unique(np.concatenate(pieces))
+    bounds = sorted_unique(np.concatenate(pieces))
     label = np.full(max(bounds.size - 1, 0), len(roles), dtype=np.int8)
     if bounds.size < 2:
         return bounds, label
-    left = bounds[:-1]
     for r in range(len(roles) - 1, -1, -1):  # lowest priority first, higher ones overwrite
-        ms, me = merged[r]
-        label[covers(ms, me, left)] = r
+        label[covered_pieces(bounds, *merged[r])] = r
     return bounds, label
 
 

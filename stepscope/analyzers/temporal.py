@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analyzers import intervals
+from stepscope.analyzers.breakdown import cat_mask, name_mask
 from stepscope.analyzers.hta_rules import COMPUTATION, hta_device_events, kernel_types
 
 __all__ = ["cpu_comm_mask", "temporal_breakdown"]
@@ -45,7 +46,7 @@ _CPU_COMM = r"^(?:gloo|nccl|rccl|ucc|mpi|xccl):|^c10d::"
 
 def cpu_comm_mask(events: pd.DataFrame) -> np.ndarray:
     """Host events that are collectives: what communication looks like without a device."""
-    host = events["cat"].isin(("cpu_op", "user_annotation")).to_numpy()
+    host = cat_mask(events, ("cpu_op", "user_annotation"))
     names = events["name"]
     if isinstance(names.dtype, pd.CategoricalDtype):
         cats = names.cat.categories.astype(str)
@@ -65,18 +66,22 @@ def _split(starts, ends, compute_mask) -> tuple[int, int, int, int]:
     return idle, compute, span - compute - idle, span
 
 
-def temporal_breakdown(trace, hta_rounding: bool = True) -> pd.DataFrame:
+def temporal_breakdown(
+    trace, hta_rounding: bool = True, dev: pd.DataFrame | None = None
+) -> pd.DataFrame:
     """One row per rank: idle / compute / non-compute ns and percent of the device span.
 
     ``hta_rounding`` (default, for parity) rounds device times to whole microseconds
-    as HTA does; False keeps exact nanoseconds (see :mod:`.hta_rules`).
+    as HTA does; False keeps exact nanoseconds (see :mod:`.hta_rules`). ``dev`` is
+    ``hta_device_events(trace.events, hta_rounding)`` when the caller already has it.
     """
-    dev = hta_device_events(trace.events, hta_rounding)
+    dev = hta_device_events(trace.events, hta_rounding) if dev is None else dev
     ktype = kernel_types(dev["name"]) if not dev.empty else np.empty(0, np.int8)
     rows = []
     dev_rank = dev["rank"].to_numpy()
     events = trace.events
     ev_rank = events["rank"].to_numpy()
+    host_masks: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
     for rank in trace.ranks:
         sel = dev_rank == rank
         if sel.any():
@@ -85,15 +90,21 @@ def temporal_breakdown(trace, hta_rounding: bool = True) -> pd.DataFrame:
             parts = _split(s, e, ktype[sel] == COMPUTATION)
             basis = "device"
         else:
-            on_rank = ev_rank == rank
-            ops = on_rank & events["cat"].isin(("cpu_op", "user_annotation")).to_numpy()
+            if host_masks is None:  # once for all CPU-only ranks, from category codes
+                host_masks = (
+                    cat_mask(events, ("cpu_op", "user_annotation")),
+                    cpu_comm_mask(events),
+                    # ProfilerStep annotations cover the whole step: they are not work
+                    name_mask(events["name"], lambda n: n.startswith("ProfilerStep")),
+                )
+            host_op, host_comm, is_step = host_masks
+            ops = (ev_rank == rank) & host_op
             if not ops.any():
                 continue
-            comm = cpu_comm_mask(events)[ops]
+            comm = host_comm[ops]
             s = events["ts"].to_numpy()[ops]
             e = events["end"].to_numpy()[ops]
-            # ProfilerStep annotations cover the whole step: they are not work
-            not_step = ~events["name"].astype(str).str.startswith("ProfilerStep").to_numpy()[ops]
+            not_step = ~is_step[ops]
             s, e, comm = s[not_step], e[not_step], comm[not_step]
             if s.size == 0:
                 continue

@@ -27,6 +27,7 @@ from stepscope.analyzers.breakdown import (
 )
 from stepscope.analyzers.communication import communication_summary
 from stepscope.analyzers.gpu_metrics import gpu_metrics
+from stepscope.analyzers.hta_rules import hta_device_events
 from stepscope.analyzers.idle_time import idle_time_breakdown
 from stepscope.analyzers.kernels import class_summary, device_work, top_kernels, top_ops
 from stepscope.analyzers.memory import memory_summary
@@ -136,7 +137,7 @@ def analyze_trace(paths: str | Path | Sequence[str | Path]) -> TraceReport:
 
     t0 = time.perf_counter()
     steps = adjusted_steps(trace)
-    per_step = step_breakdown(trace)
+    per_step = step_breakdown(trace, steps)
     timings["breakdown"] = time.perf_counter() - t0
     if len(per_step) < int((trace.steps["step"] >= 0).sum()):
         warnings.append(
@@ -152,9 +153,29 @@ def analyze_trace(paths: str | Path | Sequence[str | Path]) -> TraceReport:
     del work
     timings["kernels"] = time.perf_counter() - t0
     ops = _section("ops", lambda t: top_ops(t, n=50), trace, warnings, timings)
-    idle = _section("idle_time", idle_time_breakdown, trace, warnings, timings)
-    temporal = _section("temporal", temporal_breakdown, trace, warnings, timings)
-    comm = _section("communication", communication_summary, trace, warnings, timings)
+    # The three HTA analyses select the same device events: build them once, in the
+    # first section that needs them. If that fails, each section retries and fails
+    # on its own, with its own warning, as when they were separate.
+    shared: dict[str, pd.DataFrame] = {}
+
+    def hta_dev(t: Trace) -> pd.DataFrame:
+        if "dev" not in shared:
+            shared["dev"] = hta_device_events(t.events)
+        return shared["dev"]
+
+    idle = _section(
+        "idle_time", lambda t: idle_time_breakdown(t, dev=hta_dev(t)), trace, warnings, timings
+    )
+    temporal = _section(
+        "temporal", lambda t: temporal_breakdown(t, dev=hta_dev(t)), trace, warnings, timings
+    )
+    comm = _section(
+        "communication",
+        lambda t: communication_summary(t, dev=hta_dev(t)),
+        trace,
+        warnings,
+        timings,
+    )
     memory = _section("memory", memory_summary, trace, warnings, timings)
 
     ev = trace.events
