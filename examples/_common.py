@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.utils.data import Dataset
 
 
 def base_parser(description: str, steps: int) -> argparse.ArgumentParser:
@@ -98,6 +99,19 @@ class IterationTimer:
         path = Path(self.out)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record))
+
+
+class InMemoryBatches(Dataset):
+    """Prebuilt (x, y) batches; item i is whole batch i (use with batch_size=None)."""
+
+    def __init__(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.batches = batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.batches[index]
 
 
 def train(

@@ -21,22 +21,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from _common import base_parser, pick_device, seed_everything, train
+from _common import InMemoryBatches, base_parser, pick_device, seed_everything, train
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
-
-
-class InMemoryBatches(Dataset):
-    """Prebuilt (x, y) batches; item i is whole batch i (use with batch_size=None)."""
-
-    def __init__(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        self.batches = batches
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.batches[index]
+from torch.utils.data import DataLoader
 
 
 class PointwiseBlock(nn.Module):
