@@ -212,23 +212,22 @@ def run_sampler(
 ) -> int:
     """Sample until the root process is gone or ``stop`` is set; returns rows written.
 
-    The store is opened on a background thread: it imports pandas, which takes a
-    second or more on a machine the job keeps busy, and the first seconds of a job
-    (start-up, worker spawn) are worth sampling too.
+    Opening the store raises its own error (StoreError), which main() reports.
     """
+    from stepscope.collectors import gpu_sampler
+    from stepscope.store import RunStore
+
     stop = stop or threading.Event()
     try:
         tree = ProcessTreeSampler(pid)
     except _GONE:
         return 0  # the job was over before we started: nothing to sample, nothing to say
     machine = MachineSampler()
-    opener = _StoreOpener(home)
+    store = RunStore(home)
 
     events: list[tuple[str, str, str]] = []
     handles = None
     if gpu:
-        from stepscope.collectors import gpu_sampler
-
         handles, reason = gpu_sampler.open_nvml()
         if handles is None:
             events.append(("info", "gpu_sampler", f"NVML unavailable: {reason}, GPU sampling off"))
@@ -246,15 +245,13 @@ def run_sampler(
             pending += tree.sample(t)
             pending += machine.sample(t)
             if handles:
-                from stepscope.collectors import gpu_sampler
-
                 try:
                     pending += gpu_sampler.gpu_rows(handles, tree.pids, t)
                 except Exception as exc:  # never let a GPU problem stop CPU sampling
                     events.append(("warning", "gpu_sampler", f"GPU sampling off: {exc!r}"))
                     handles = None
-            if time.monotonic() - last_commit >= COMMIT_EVERY_S and opener.ready():
-                written += _commit(opener, run_id, pending, events)
+            if time.monotonic() - last_commit >= COMMIT_EVERY_S:
+                written += _commit(store, run_id, pending, events)
                 pending, events = [], []
                 last_commit = time.monotonic()
             if not tree.root_alive():
@@ -266,60 +263,17 @@ def run_sampler(
                 delay = 0
             if stop.wait(delay):
                 break
-        written += _commit(opener, run_id, pending, events, wait=True)
+        written += _commit(store, run_id, pending, events)
     finally:
-        opener.close()
+        store.close()
         if handles:
-            from stepscope.collectors import gpu_sampler
-
             gpu_sampler.close_nvml()
     return written
 
 
-class _StoreOpener:
-    """Opens the run store on a thread, so sampling need not wait for its imports."""
-
-    def __init__(self, home: str | None) -> None:
-        self.store: Any = None
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._open, args=(home,), daemon=True)
-        self._thread.start()
-
-    def _open(self, home: str | None) -> None:
-        try:
-            from stepscope.store import RunStore
-
-            self.store = RunStore(home, threadsafe=True)  # opened here, used by the main thread
-        except BaseException as exc:
-            self.error = exc
-
-    def ready(self) -> bool:
-        return not self._thread.is_alive()
-
-    def wait(self) -> Any:
-        self._thread.join()
-        if self.error is not None:
-            raise self.error
-        return self.store
-
-    def close(self) -> None:
-        if self.ready() and self.store is not None:
-            self.store.close()
-
-
-def _commit(
-    opener: _StoreOpener,
-    run_id: int,
-    rows: list[Row],
-    events: list[tuple[str, str, str]],
-    *,
-    wait: bool = False,
-) -> int:
+def _commit(store: Any, run_id: int, rows: list[Row], events: list[tuple[str, str, str]]) -> int:
     if not rows and not events:
         return 0
-    if not wait and not opener.ready():
-        return 0
-    store = opener.wait()  # raises the store's own error (StoreError): main() reports it
     try:
         for level, source, message in events:
             store.log_event(run_id, level, source, message)
@@ -337,6 +291,8 @@ def _io(proc: psutil.Process) -> tuple[float, float, float, float] | None:
     try:
         io = proc.io_counters()
     except (psutil.AccessDenied, NotImplementedError, OSError):
+        # Another user's process, or a platform/kernel without per-process I/O
+        # accounting: no reading this tick, and the I/O metrics are left out.
         return None
     return (
         float(io.read_bytes),
@@ -351,6 +307,8 @@ def _thread_times(proc: psutil.Process) -> dict[int, float]:
     try:
         return {th.id: th.user_time + th.system_time for th in proc.threads()}
     except (psutil.AccessDenied, NotImplementedError, OSError):
+        # Not readable for this process or platform: the busiest-thread metric is
+        # skipped (its absence is the reading), the other metrics go on.
         return {}
 
 
