@@ -67,6 +67,14 @@ def test_mark_step_overrides_optimizer_steps(tmp_path):
     assert "replaced by marks" in messages
 
 
+def test_late_marks_leave_no_hook_steps_behind(tmp_path):
+    """6 optimizer steps are written before the first of only 2 marks: the marks
+    take over steps 0-1 and the 4 surplus hook rows must not survive."""
+    _, _, df = _run(tmp_path, "mark.py", "--lead", "6", "--marks", "2")
+    assert set(df["kind"]) == {"mark"}
+    assert list(df["step"]) == [0, 1]
+
+
 def _data_wait_share(df):
     df = df[df["step"] > 0]  # step 0 also creates the loader's iterator
     return df["data_wait_s"].sum() / (df["end_s"] - df["start_s"]).sum()

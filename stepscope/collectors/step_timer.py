@@ -103,6 +103,7 @@ class StepTimer:
         # totals over written steps, so that a first mark_step() can take them back
         self._emitted_data_wait = 0.0
         self._emitted_batch = 0
+        self._taken_back = 0  # hook steps already written when the job began to mark
         # per-step accumulators, reset at each step end
         self.data_wait = 0.0
         self.batch = 0
@@ -146,8 +147,16 @@ class StepTimer:
         warnings.filterwarnings(
             "ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks"
         )
-        self._patch(dl_mod._BaseDataLoaderIter, "__next__", self._wrap_next)
-        self._patch(dl_mod.DataLoader, "__iter__", self._wrap_iter)
+        self._patch(
+            dl_mod._BaseDataLoaderIter,
+            "__next__",
+            lambda original: self._wrap_data(original, count_batch=True),
+        )
+        self._patch(
+            dl_mod.DataLoader,
+            "__iter__",
+            lambda original: self._wrap_data(original, count_batch=False),
+        )
         self._patch(torch.autograd, "backward", self._wrap_backward)
         os.register_at_fork(after_in_child=self._after_fork_in_child)
 
@@ -247,48 +256,33 @@ class StepTimer:
             except Exception as exc:
                 self._disable("step timer", exc)
 
-    def _wrap_next(self, original: Callable[..., Any]) -> Callable[..., Any]:
+    def _wrap_data(self, original: Callable[..., Any], *, count_batch: bool) -> Callable[..., Any]:
+        """Time inside a DataLoader entry point is time the loop waits for its input:
+        ``__next__`` (the next batch, whose size is read here) and ``__iter__``
+        (creating the iterator starts or resets the workers)."""
         timer = self
         perf = time.perf_counter
 
-        def __next__(self: Any) -> Any:
+        def wrapper(self: Any) -> Any:
             if timer.inert or "data wait" in timer._disabled:
                 return original(self)
             t0 = perf()
             if timer.start_s is None:
                 timer._activity()
             try:
-                batch = original(self)
+                result = original(self)
             finally:
                 timer.data_wait += perf() - t0
-            try:
-                n = timer._batch_len(batch)
-                if n:
-                    timer.batch += n
-            except Exception as exc:
-                timer._disable("data wait", exc)
-            return batch
+            if count_batch:
+                try:
+                    n = timer._batch_len(result)
+                    if n:
+                        timer.batch += n
+                except Exception as exc:
+                    timer._disable("data wait", exc)
+            return result
 
-        return __next__
-
-    def _wrap_iter(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        # Creating the iterator starts (or resets) the workers: time the job is blocked
-        # on its input pipeline, so it counts as data wait too.
-        timer = self
-        perf = time.perf_counter
-
-        def __iter__(self: Any) -> Any:
-            if timer.inert or "data wait" in timer._disabled:
-                return original(self)
-            t0 = perf()
-            if timer.start_s is None:
-                timer._activity()
-            try:
-                return original(self)
-            finally:
-                timer.data_wait += perf() - t0
-
-        return __iter__
+        return wrapper
 
     def _wrap_backward(self, original: Callable[..., Any]) -> Callable[..., Any]:
         timer = self
@@ -483,16 +477,15 @@ class StepTimer:
         """The job marks its own steps: steps found so far by hooks are taken back.
 
         Their rows are overwritten (same rank and step index) by the marks that
-        follow, the first mark spanning from the first activity; if the job ends
-        with fewer marks than hook steps written, the surplus rows keep their kind
-        ('optimizer'/'forward'), so readers prefer kind 'mark' where a rank has any.
+        follow, the first mark spanning from the first activity; rows beyond the
+        last mark are deleted when the job ends (``finalize``).
         """
         self.mode = "mark"
         self._remove_forward_hooks()
         self._absorb_pending()
         if self.step == 0:
             return
-        taken_back = self.step
+        taken_back = self._taken_back = self.step
         self.step = 0
         self.start_s = self.first_activity_s
         self.data_wait += self._emitted_data_wait
@@ -588,6 +581,9 @@ class StepTimer:
             self._disable("step timer", exc)
         self._final = True
         self.inert = True
+        if self.mode == "mark" and self._taken_back > self.step:
+            with contextlib.suppress(Exception):
+                self._writer().delete_steps_from(self.step)
         if self.capture is not None:
             self.capture.close(self.step)
         if self._cuda_rows:

@@ -281,6 +281,13 @@ class RunStore:
                 data,
             )
 
+    def delete_steps(self, run_id: int, rank: int, from_step: int) -> None:
+        """Remove a rank's steps from ``from_step`` on (hook steps superseded by marks)."""
+        with self._conn:
+            self._conn.execute(
+                "DELETE FROM steps WHERE run_id=? AND rank=? AND step>=?", (run_id, rank, from_step)
+            )
+
     def add_samples(
         self, run_id: int, rows: Iterable[tuple[float, str, str, float | None]]
     ) -> None:

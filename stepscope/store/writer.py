@@ -46,6 +46,7 @@ class BufferedWriter:
         self._artifacts: deque[dict[str, Any]] = deque()
         self._events: deque[dict[str, Any]] = deque()
         self._run_updates: deque[tuple[str, dict[str, Any]]] = deque()
+        self._step_deletions: deque[int] = deque()  # from_step, applied after inserts
         self._store: RunStore | None = None
         self.before_flush: list[Callable[[], None]] = []
         self._lock = threading.Lock()  # serialises flushes, not appends
@@ -59,6 +60,10 @@ class BufferedWriter:
     def add_step(self, row: dict[str, Any]) -> None:
         row.setdefault("rank", self.rank)
         self._steps.append(row)
+
+    def delete_steps_from(self, from_step: int) -> None:
+        """Drop this rank's rows from ``from_step`` on, after the buffered steps land."""
+        self._step_deletions.append(from_step)
 
     def add_sample(self, t: float, scope: str, metric: str, value: float | None) -> None:
         self._samples.append((t, scope, metric, value))
@@ -99,13 +104,16 @@ class BufferedWriter:
             artifacts = _drain(self._artifacts)
             events = _drain(self._events)
             updates = _drain(self._run_updates)
-            if not (steps or samples or artifacts or events or updates):
+            deletions = _drain(self._step_deletions)
+            if not (steps or samples or artifacts or events or updates or deletions):
                 return
             try:
                 if self._store is None:
                     self._store = RunStore(self.home, threadsafe=True)
                 store = self._store
                 store.add_steps(self.run_id, steps)
+                for from_step in deletions:
+                    store.delete_steps(self.run_id, self.rank, from_step)
                 store.add_samples(self.run_id, samples)
                 for a in artifacts:
                     store.add_artifact(
@@ -134,6 +142,7 @@ class BufferedWriter:
                 self._artifacts.extendleft(reversed(artifacts))
                 self._events.extendleft(reversed(events))
                 self._run_updates.extendleft(reversed(updates))
+                self._step_deletions.extendleft(reversed(deletions))
                 self._store = None
 
     def close(self) -> None:
