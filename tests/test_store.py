@@ -178,3 +178,46 @@ def test_samples_wide_has_one_column_per_scope_metric(tmp_path: Path) -> None:
         wide = store.samples(run_id, wide=True)
     assert sorted(wide.columns) == ["proc.cpu_percent", "system.cpu_percent"]
     assert wide.loc[2.0, "proc.cpu_percent"] == 80.0
+
+
+def test_version_1_store_is_migrated(tmp_path: Path) -> None:
+    """A store written by the first release gains the facts column and findings table."""
+    import sqlite3
+
+    from stepscope.store.schema import DDL
+
+    lines = DDL.split("-- The diagnosis of a run")[0].splitlines()
+    v1_ddl = "\n".join(
+        ln for ln in lines if not ln.strip().startswith(("facts", "-- optimizer, model"))
+    )
+    assert " facts " not in v1_ddl
+    tmp_path.mkdir(exist_ok=True)
+    with sqlite3.connect(tmp_path / "stepscope.db") as conn:
+        conn.executescript(v1_ddl)
+        conn.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+        conn.execute(
+            "INSERT INTO runs(name, command, cwd, started_at, host) VALUES ('old', '[]', '/', 1, 'h')"
+        )
+    with RunStore(tmp_path) as store:
+        run = store.run(1)
+        assert run["facts"] == {}
+        store.merge_run_json(1, "facts", {"dataloader": {"num_workers": 0}})
+        store.save_findings(
+            1,
+            [
+                {
+                    "class": "io",
+                    "subtype": "input_pipeline",
+                    "title": "t",
+                    "share": 0.4,
+                    "confidence": 0.9,
+                    "evidence": [{"text": "x"}],
+                    "fixes": [{"id": "f"}],
+                }
+            ],
+            level="steps",
+        )
+        assert store.run(1)["facts"]["dataloader"]["num_workers"] == 0
+        (found,) = store.findings(1)
+        assert found["evidence"] == [{"text": "x"}] and found["level"] == "steps"
+        assert store.top_findings()[1]["subtype"] == "input_pipeline"

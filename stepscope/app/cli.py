@@ -65,6 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     analyze.add_argument("--json", action="store_true", help="print JSON")
     analyze.add_argument("--top", type=int, default=10, help="rows in the kernel/operator tables")
+    analyze.add_argument(
+        "--no-save", action="store_true", help="do not save the findings of runs to the store"
+    )
+
+    dash = sub.add_parser("dashboard", help="open the dashboard in the browser (Streamlit)")
+    dash.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    dash.add_argument("--port", type=int, default=8501, help="port (default 8501)")
     return parser
 
 
@@ -114,7 +121,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.verb == "analyze":
             from stepscope.app.cli_analyze import cmd_analyze
 
-            return cmd_analyze(args.paths, as_json=args.json, top=args.top)
+            return cmd_analyze(
+                args.paths, as_json=args.json, top=args.top, save=not args.no_save
+            )
+        if args.verb == "dashboard":
+            from stepscope.app.cli_dashboard import cmd_dashboard
+
+            return cmd_dashboard(host=args.host, port=args.port)
     except (RunNotFound, StoreError) as exc:
         print(f"stepscope: {exc}", file=sys.stderr)
         return 1

@@ -8,7 +8,7 @@ Bump SCHEMA_VERSION with every change and add the step to MIGRATIONS.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Statuses a run can have. "running" is the only non-final one; a run whose launcher
 # vanished without finalising is turned into "lost" on the next read.
@@ -38,6 +38,8 @@ CREATE TABLE IF NOT EXISTS runs (
     env             TEXT NOT NULL DEFAULT '{}',   -- JSON: python, platform, relevant env vars
     device          TEXT NOT NULL DEFAULT '{}',   -- JSON: torch, cuda, device names (from the job)
     config          TEXT NOT NULL DEFAULT '{}',   -- JSON: stepscope options of this run
+    facts           TEXT NOT NULL DEFAULT '{}',   -- JSON: the job's settings (DataLoader,
+                                                  -- optimizer, model, precision), see job_facts
     parent_run_id   INTEGER REFERENCES runs(id)   -- baseline a re-run derives from
 );
 
@@ -84,7 +86,27 @@ CREATE TABLE IF NOT EXISTS events (
     message  TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_run ON events(run_id, t);
+
+-- The diagnosis of a run, most costly finding first (position 0). Replaced as a whole
+-- each time the run is diagnosed again (more evidence: a new capture).
+CREATE TABLE IF NOT EXISTS findings (
+    run_id      INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    position    INTEGER NOT NULL,
+    class       TEXT NOT NULL,              -- 'io' | 'compute' | 'memory' | 'communication'
+    subtype     TEXT NOT NULL,              -- DESIGN.md's taxonomy, e.g. 'input_pipeline'
+    title       TEXT NOT NULL,
+    share       REAL,                       -- share of step time it costs (0..1)
+    confidence  REAL NOT NULL,              -- 0..1
+    level       TEXT NOT NULL,              -- evidence level: 'samples' | 'steps' | 'trace'
+    evidence    TEXT NOT NULL DEFAULT '[]', -- JSON list of {text, value, source}
+    fixes       TEXT NOT NULL DEFAULT '[]', -- JSON list of recommended fixes
+    created_at  REAL NOT NULL,
+    PRIMARY KEY (run_id, position)
+);
 """
 
-# version -> SQL that upgrades from version-1. Empty until the first change.
-MIGRATIONS: dict[int, str] = {}
+# version -> SQL that upgrades from version-1. New tables need no entry (the DDL
+# creates them with IF NOT EXISTS); new columns of existing tables do.
+MIGRATIONS: dict[int, str] = {
+    2: "ALTER TABLE runs ADD COLUMN facts TEXT NOT NULL DEFAULT '{}';",  # + findings table
+}

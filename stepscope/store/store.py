@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 # pandas is imported inside the read functions only: the writer runs inside every
 # process of the user's job, where importing pandas would cost ~1 s and ~50 MB each.
 
-_JSON_COLUMNS = ("command", "env", "device", "config")
+_JSON_COLUMNS = ("command", "env", "device", "config", "facts")
 BUSY_TIMEOUT_MS = 10_000
 
 
@@ -87,7 +87,8 @@ class RunStore:
                     f"{self.db_path}: schema version {version} is newer than this stepscope "
                     f"understands ({SCHEMA_VERSION}); upgrade stepscope"
                 )
-            for v in range(max(version, 1) + 1, SCHEMA_VERSION + 1):
+            # A new database (version 0) was just created at the latest schema by the DDL.
+            for v in range(version + 1 if version else SCHEMA_VERSION + 1, SCHEMA_VERSION + 1):
                 self._conn.executescript(MIGRATIONS[v])
             self._conn.execute(
                 "INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?)",
@@ -369,6 +370,55 @@ class RunStore:
         return pd.read_sql_query(
             "SELECT * FROM events WHERE run_id=? ORDER BY t", self._conn, params=(run_id,)
         )
+
+    # -- findings ----------------------------------------------------------------------
+    def save_findings(self, run_id: int, findings: Sequence[dict[str, Any]], level: str) -> None:
+        """Replace the run's findings (dicts as ``Finding.to_json`` makes them)."""
+        now = time.time()
+        rows = [
+            (
+                run_id,
+                i,
+                f["class"],
+                f["subtype"],
+                f["title"],
+                f.get("share"),
+                float(f["confidence"]),
+                level,
+                json.dumps(f.get("evidence") or []),
+                json.dumps(f.get("fixes") or []),
+                now,
+            )
+            for i, f in enumerate(findings)
+        ]
+        with self._conn:
+            self._conn.execute("DELETE FROM findings WHERE run_id=?", (run_id,))
+            self._conn.executemany(
+                "INSERT INTO findings(run_id, position, class, subtype, title, share, confidence,"
+                " level, evidence, fixes, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                rows,
+            )
+
+    def findings(self, run_id: int) -> list[dict[str, Any]]:
+        """The run's findings, most costly first; [] when it was never diagnosed."""
+        rows = self._conn.execute(
+            "SELECT * FROM findings WHERE run_id=? ORDER BY position", (run_id,)
+        ).fetchall()
+        out = []
+        for row in rows:
+            d = dict(row)
+            d["evidence"] = json.loads(d["evidence"])
+            d["fixes"] = json.loads(d["fixes"])
+            out.append(d)
+        return out
+
+    def top_findings(self) -> dict[int, dict[str, Any]]:
+        """run id -> its first finding (class, subtype, title, share): the runs table."""
+        rows = self._conn.execute(
+            "SELECT run_id, class, subtype, title, share, confidence FROM findings"
+            " WHERE position=0"
+        ).fetchall()
+        return {int(r["run_id"]): dict(r) for r in rows}
 
 
 def _default_name(command: list[str]) -> str:
