@@ -1,0 +1,140 @@
+"""Is run B really faster than run A? Ratios of medians with bootstrap intervals.
+
+Step times are skewed (a few slow steps: GC, a checkpoint, a neighbour's burst), so
+the figure of merit is the ratio of *medians*, and its uncertainty comes from the
+bootstrap rather than from a normal approximation that does not hold for a median.
+The two runs are independent samples (different processes, different steps), so each
+is resampled on its own; a difference whose interval contains 1 is reported as "no
+measurable change" rather than as a small gain that the noise could have made.
+
+Plain functions over arrays and step tables, so the dashboard, the CLI and the
+experiment runner report the same numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from stepscope.analyzers.step_stats import default_warmup
+
+__all__ = ["SpeedupCI", "speedup_ci", "timed_step_times"]
+
+FASTER = "faster"
+SLOWER = "slower"
+NO_CHANGE = "no measurable change"
+
+
+@dataclass(frozen=True)
+class SpeedupCI:
+    """Speed of a candidate against a baseline: ``ratio`` > 1 means the candidate is faster.
+
+    ``lo``/``hi`` bound ``ratio`` at ``confidence``; ``verdict`` is one of "faster",
+    "slower", "no measurable change" (the interval contains 1).
+    """
+
+    ratio: float
+    lo: float
+    hi: float
+    confidence: float
+    verdict: str
+    n_baseline: int
+    n_candidate: int
+    method: str
+
+    def describe(self) -> str:
+        """One line for people: '2.31x faster (95 % CI 2.10-2.52x)'."""
+        pct = f"{self.confidence * 100:g} % CI"
+        if self.verdict == NO_CHANGE:
+            return f"no measurable change: {self.ratio:.2f}x ({pct} {self.lo:.2f}-{self.hi:.2f}x)"
+        return f"{self.ratio:.2f}x {self.verdict} ({pct} {self.lo:.2f}-{self.hi:.2f}x)"
+
+
+def _median_ratio(baseline: np.ndarray, candidate: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.median(baseline, axis=axis) / np.median(candidate, axis=axis)
+
+
+def _clean(values: Sequence[float] | np.ndarray, what: str) -> np.ndarray:
+    arr = np.asarray(values, dtype=float).ravel()
+    arr = arr[np.isfinite(arr)]
+    if arr.size < 2:
+        raise ValueError(f"{what}: need at least 2 finite step times, got {arr.size}")
+    if (arr <= 0).any():
+        raise ValueError(f"{what}: step times must be positive")
+    return arr
+
+
+def speedup_ci(
+    baseline_s: Sequence[float] | np.ndarray,
+    candidate_s: Sequence[float] | np.ndarray,
+    confidence: float = 0.95,
+    n_resamples: int = 2000,
+    seed: int = 0,
+    method: str = "percentile",
+) -> SpeedupCI:
+    """Ratio of median step times baseline/candidate with a bootstrap interval.
+
+    ``method`` is passed to ``scipy.stats.bootstrap`` ("percentile" by default: BCa's
+    jackknife of a median is unstable on the short, tied samples of a bounded run).
+    Raises ValueError when either side has fewer than two finite, positive times.
+    """
+    from scipy import stats
+
+    base = _clean(baseline_s, "baseline")
+    cand = _clean(candidate_s, "candidate")
+    ratio = float(_median_ratio(base, cand))
+    if np.ptp(base) == 0 and np.ptp(cand) == 0:
+        lo = hi = ratio  # no spread at all: every resample gives the same ratio
+    else:
+        res = stats.bootstrap(
+            (base, cand),
+            _median_ratio,
+            paired=False,
+            vectorized=True,
+            confidence_level=confidence,
+            n_resamples=n_resamples,
+            method=method,
+            random_state=np.random.default_rng(seed),
+        )
+        lo = float(res.confidence_interval.low)
+        hi = float(res.confidence_interval.high)
+    if lo > 1.0:
+        verdict = FASTER
+    elif hi < 1.0:
+        verdict = SLOWER
+    else:
+        verdict = NO_CHANGE
+    return SpeedupCI(
+        ratio=ratio,
+        lo=lo,
+        hi=hi,
+        confidence=confidence,
+        verdict=verdict,
+        n_baseline=int(base.size),
+        n_candidate=int(cand.size),
+        method=method,
+    )
+
+
+def timed_step_times(steps: pd.DataFrame, warmup: int | None = None) -> np.ndarray:
+    """Host step times (s) of the steps ``summarize_steps`` times: no warm-up, no profiled.
+
+    The same exclusions as the run's headline figures, so a compared median is the
+    median the run page shows.
+    """
+    if steps.empty:
+        return np.zeros(0)
+    df = steps.sort_values(["rank", "step"])
+    position = df.groupby("rank").cumcount()
+    if warmup is None:
+        limit = df.groupby("rank")["step"].transform("size").map(default_warmup)
+    else:
+        limit = pd.Series(max(0, int(warmup)), index=df.index)
+    keep = position >= limit
+    if "profiled" in df:
+        keep &= ~df["profiled"].fillna(0).astype(bool)
+    timed = df[keep]
+    return (timed["end_s"] - timed["start_s"]).clip(lower=0.0).to_numpy(dtype=float)
