@@ -82,3 +82,62 @@ def test_missing_path_is_exit_1(tmp_path: Path) -> None:
     res = _run(str(tmp_path / "nope.json"))
     assert res.returncode == 1
     assert res.stderr.strip().count("\n") == 0 and "nope.json" in res.stderr
+
+
+def test_json_findings_and_rich_verdict() -> None:
+    res = _run(str(trace_path(RESNET_NW0)), "--json")
+    data = json.loads(res.stdout)
+    assert data["diagnosis_level"] == "trace"
+    first = data["findings"][0]
+    for key in ("class", "subtype", "share", "confidence", "evidence", "fixes"):
+        assert key in first
+    assert (first["class"], first["subtype"]) == ("io", "input_pipeline")
+    fix = first["fixes"][0]
+    assert {"id", "predicted_speedup", "auto"} <= set(fix)
+    assert fix["id"] == "dataloader_workers" and fix["auto"] is True
+    text = _run(str(trace_path(RESNET_NW0))).stdout
+    assert "1. I/O / input_pipeline" in text and "dataloader_workers" in text
+
+
+def test_a_run_without_trace_gets_a_steps_level_diagnosis(tmp_path: Path) -> None:
+    """No capture: the diagnosis still runs on what the run has, and is saved."""
+    from stepscope.store import RunStore
+
+    with RunStore(tmp_path) as store:
+        run_id = store.create_run(["python", "train.py"], name="nocap", status="completed")
+        store.add_steps(
+            run_id,
+            [
+                {
+                    "rank": 0,
+                    "step": i,
+                    "start_s": i * 1.0,
+                    "end_s": i + 1.0,
+                    "data_wait_s": 0.6,
+                    "kind": "optimizer",
+                }
+                for i in range(20)
+            ],
+        )
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stepscope.app.cli",
+            "--home",
+            str(tmp_path),
+            "analyze",
+            "nocap",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["diagnosis_level"] == "steps" and data["run_id"] == run_id
+    assert data["findings"][0]["subtype"] == "input_pipeline"
+    assert data["findings"][0]["share"] == pytest.approx(0.6)
+    with RunStore(tmp_path) as store:
+        assert store.findings(run_id)[0]["level"] == "steps"

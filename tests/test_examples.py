@@ -1,5 +1,7 @@
 """The example jobs under `stepscope run`: right step counts, the data-wait shares that
-define each example's bottleneck, forward steps for inference, both DDP ranks.
+define each example's bottleneck, forward steps for inference, both DDP ranks, and the
+diagnosis of each (issue 4): its primary finding names the bottleneck the example was
+built with, from a real capture of the real job.
 
 Only the CLI and the store API are used, never collector internals. Each test runs a
 real job with few steps (seconds each); the whole file takes about a minute on two
@@ -63,6 +65,22 @@ def steps_of(home: Path, run_id: int):
         store.close()
 
 
+CAPTURE = ("--profile-at", "3", "--profile-steps", "2")
+
+
+def primary_finding(home: Path) -> dict:
+    """`stepscope analyze last --json`: the first finding (also saved to the store)."""
+    proc = stepscope(home, "analyze", "last", "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["diagnosis_level"] == "trace"
+    assert data["findings"], "no finding at all"
+    first = data["findings"][0]
+    with RunStore(home) as store:
+        assert store.findings(data["run_id"])[0]["subtype"] == first["subtype"]
+    return first
+
+
 def data_wait_share(steps) -> float:
     """Blocked-on-data time over step time, from the raw steps (warm-up excluded)."""
     timed = steps[steps["step"] > 2]
@@ -70,7 +88,7 @@ def data_wait_share(steps) -> float:
 
 
 def test_input_bound_waits_on_data(tmp_path: Path) -> None:
-    run = run_example(tmp_path, "input_bound.py", "--steps", "12")
+    run = run_example(tmp_path, "input_bound.py", "--steps", "12", run_opts=CAPTURE)
     assert run["status"] == "completed"
     steps = steps_of(tmp_path, run["id"])
     assert len(steps) == 12
@@ -78,14 +96,26 @@ def test_input_bound_waits_on_data(tmp_path: Path) -> None:
     assert run["data_wait_share"] > 0.30
     assert data_wait_share(steps) > 0.30
     assert (steps["batch_size"] == 32).all()
+    finding = primary_finding(tmp_path)
+    assert (finding["class"], finding["subtype"]) == ("io", "input_pipeline")
+    assert finding["fixes"][0]["id"] == "dataloader_workers"
+    assert finding["fixes"][0]["auto"] is True
+    assert finding["fixes"][0]["predicted_speedup"] > 1.4
+    assert any(e["text"] == "DataLoader num_workers=0" for e in finding["evidence"])
 
 
 @pytest.mark.parametrize(
-    ("script", "steps"),
-    [("dense_compute.py", 10), ("host_overhead.py", 60), ("pointwise_memory.py", 6)],
+    ("script", "steps", "verdict"),
+    [
+        ("dense_compute.py", 10, ("compute", "device_compute")),
+        ("host_overhead.py", 60, ("compute", "host_overhead")),
+        ("pointwise_memory.py", 6, ("memory", "bandwidth")),
+    ],
 )
-def test_in_memory_examples_barely_wait(tmp_path: Path, script: str, steps: int) -> None:
-    run = run_example(tmp_path, script, "--steps", str(steps))
+def test_in_memory_examples_barely_wait(
+    tmp_path: Path, script: str, steps: int, verdict: tuple[str, str]
+) -> None:
+    run = run_example(tmp_path, script, "--steps", str(steps), run_opts=CAPTURE)
     assert run["status"] == "completed"
     recorded = steps_of(tmp_path, run["id"])
     assert len(recorded) == steps
@@ -93,6 +123,11 @@ def test_in_memory_examples_barely_wait(tmp_path: Path, script: str, steps: int)
     assert run["data_wait_share"] < 0.05
     assert data_wait_share(recorded) < 0.05
     assert recorded["loss"].notna().any()
+    finding = primary_finding(tmp_path)
+    assert (finding["class"], finding["subtype"]) == verdict
+    # a CPU job gets no CUDA advice, and the reason is given
+    fix_ids = {f["id"] for f in finding["fixes"]}
+    assert not fix_ids & {"bf16_autocast", "tf32", "pin_memory", "cudnn_benchmark"}
 
 
 def test_max_steps_stops_the_job_cleanly(tmp_path: Path) -> None:
@@ -114,12 +149,16 @@ def test_max_steps_stops_the_job_cleanly(tmp_path: Path) -> None:
 
 
 def test_inference_records_forward_steps(tmp_path: Path) -> None:
-    run = run_example(tmp_path, "inference_loop.py", "--steps", "12")
+    run = run_example(tmp_path, "inference_loop.py", "--steps", "12", run_opts=CAPTURE)
     assert run["status"] == "completed"
     steps = steps_of(tmp_path, run["id"])
     assert len(steps) == 12  # one per outermost forward, nested modules ignored
     assert set(steps["kind"]) == {"forward"}
     assert (steps["batch_size"] == 64).all()
+    # its real bottleneck: the convolutions, on the CPU
+    finding = primary_finding(tmp_path)
+    assert (finding["class"], finding["subtype"]) == ("compute", "device_compute")
+    assert "fused_optimizer" not in {f["id"] for f in finding["fixes"]}  # no optimizer
 
 
 def torchrun() -> list[str]:
@@ -134,7 +173,7 @@ def test_ddp_records_both_ranks(tmp_path: Path) -> None:
     # --standalone: a c10d rendezvous on localhost with a free port, no network needed.
     command = [*torchrun(), "--standalone", "--nproc_per_node", "2"]
     command += [str(EXAMPLES / "ddp_gloo.py"), "--steps", "15"]
-    proc = stepscope(tmp_path, "run", "--", *command)
+    proc = stepscope(tmp_path, "run", *CAPTURE, "--", *command)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     assert proc.stdout.count("final loss") == 1  # only rank 0 prints
     run = show_last(tmp_path)
@@ -142,3 +181,7 @@ def test_ddp_records_both_ranks(tmp_path: Path) -> None:
     steps = steps_of(tmp_path, run["id"])
     assert sorted(steps["rank"].unique()) == [0, 1]
     assert steps.groupby("rank").size().to_dict() == {0: 15, 1: 15}
+    finding = primary_finding(tmp_path)
+    assert (finding["class"], finding["subtype"]) == ("communication", "collectives")
+    assert any("overlap" in e["text"] for e in finding["evidence"])
+    assert "ddp_bf16_compression" in {f["id"] for f in finding["fixes"]}

@@ -112,3 +112,19 @@ def test_a_failing_collector_disables_itself_not_the_job(tmp_path, what, source_
     ev = jobs.events(tmp_path, run_id)
     warnings = ev[ev["level"] == "warning"]["message"].tolist()
     assert len(warnings) == 1 and warnings[0].startswith(source_msg)
+
+
+def test_job_facts_record_the_settings_the_job_runs_with(tmp_path):
+    """The diagnosis reads these to skip fixes in effect (issue 4): they must be the
+    job's real objects' settings, seen from inside the job."""
+    run_id, _, _ = _run(tmp_path, "train.py", "--steps", "3", "--workers", "1")
+    facts = jobs.run_row(tmp_path, run_id)["facts"]
+    (loader,) = facts["dataloaders"]
+    assert loader["num_workers"] == 1 and loader["batch_size"] == 8
+    assert loader["pin_memory"] is False and loader["dataset"] == "Data"
+    assert facts["optimizer"]["class"] == "SGD" and facts["optimizer"]["param_tensors"] == 4
+    model = facts["model"]
+    assert model["class"] == "Net" and model["wrapper"] is None and not model["compiled"]
+    assert model["parameters"] == 16 * 32 + 32 + 32 + 1 and model["input_shape"] == [8, 16]
+    assert model["conv2d"] is False and "autocast" not in model
+    assert facts["settings"]["threads"] == 1  # the job's torch.set_num_threads(1)

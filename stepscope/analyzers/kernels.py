@@ -296,3 +296,50 @@ def top_ops(trace: Trace, n: int = 10) -> pd.DataFrame:
     )
     # the same sort call on the same values in the same row order: the same tie order
     return out.sort_values("self_ns", ascending=False).head(n).reset_index(drop=True)[cols]
+
+
+# -- CPU operators -------------------------------------------------------------------
+# On a CPU-only job the operators are the kernels: the same compute / memory-bound
+# split, plus "framework" time (dispatch, views, allocation, autograd and optimizer
+# bookkeeping) that is host overhead. Names outside ATen (autograd::engine::...,
+# *Backward0, Optimizer.step#...) are framework; data loading and collectives have
+# their own breakdown categories and are left out.
+_CPU_GEMM = re.compile(
+    r"^aten::(mm|addmm|bmm|baddbmm|addbmm|addmv|mv|dot|matmul|linear|einsum|_addmm_activation"
+    r"|\w*conv\w*|\w*linear\w*)$|^mkldnn::"
+)
+_CPU_FRAMEWORK_ATEN = re.compile(
+    r"^aten::(empty\w*|new_empty\w*|view\w*|_unsafe_view|as_strided\w*|t|numpy_t|transpose|permute"
+    r"|select|slice|narrow|split\w*|chunk|unbind|reshape|_reshape_alias|expand\w*|unsqueeze"
+    r"|squeeze\w*|flatten|detach\w*|alias|resize_|contiguous|to|lift\w*|size|stride|numel"
+    r"|result_type|set_|is_nonzero|item|_local_scalar_dense)$"
+)
+_CPU_EXCLUDED = ("enumerate(DataLoader)", "c10d::", "record_param_comms", "gloo:", "nccl:")
+CPU_OP_CLASSES = ("gemm_conv", "pointwise", "framework")
+
+
+def classify_cpu_op(name: str) -> str | None:
+    """'gemm_conv' | 'pointwise' (memory-bound math) | 'framework' | None (not compute)."""
+    if name.startswith(_CPU_EXCLUDED) or name.startswith("ProfilerStep#"):
+        return None
+    if _CPU_GEMM.match(name):
+        return "gemm_conv"
+    if name.startswith("aten::"):
+        return "framework" if _CPU_FRAMEWORK_ATEN.match(name) else "pointwise"
+    return "framework"
+
+
+def cpu_op_classes(ops: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """Per class of ``top_ops`` rows: self time, op count, fraction of classified self time."""
+    out = {c: {"self_ns": 0.0, "count": 0.0, "fraction": 0.0} for c in CPU_OP_CLASSES}
+    if ops is None or ops.empty:
+        return out
+    for name, count, self_ns in zip(ops["name"], ops["count"], ops["self_ns"], strict=False):
+        cls = classify_cpu_op(str(name))
+        if cls is not None:
+            out[cls]["self_ns"] += float(self_ns)
+            out[cls]["count"] += float(count)
+    total = sum(v["self_ns"] for v in out.values())
+    for v in out.values():
+        v["fraction"] = v["self_ns"] / total if total else 0.0
+    return out

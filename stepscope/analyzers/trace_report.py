@@ -31,8 +31,11 @@ from stepscope.analyzers.hta_rules import hta_device_events
 from stepscope.analyzers.idle_time import idle_time_breakdown
 from stepscope.analyzers.kernels import class_summary, device_work, top_kernels, top_ops
 from stepscope.analyzers.memory import memory_summary
+from stepscope.analyzers.syncs import host_device_syncs
 from stepscope.analyzers.temporal import temporal_breakdown
 from stepscope.analyzers.trace_load import Trace, load_trace
+
+ALL_OPS = 100_000
 
 
 @dataclass
@@ -49,6 +52,7 @@ class TraceReport:
     kernel_classes: pd.DataFrame
     ops_top: pd.DataFrame
     idle_time: pd.DataFrame | None
+    syncs: pd.DataFrame | None
     temporal: pd.DataFrame | None
     communication: dict[str, Any] | None
     memory: dict[str, Any] | None
@@ -86,6 +90,7 @@ class TraceReport:
             "temporal": None if self.temporal is None else _records(self.temporal),
             "kernel_classes": _records(self.kernel_classes),
             "kernels_top": _records(k),
+            "syncs": None if self.syncs is None else _records(self.syncs),
             "ops_top": _records(o),
             "warnings": list(self.warnings),
             "timings_s": _plain(self.timings),
@@ -152,7 +157,9 @@ def analyze_trace(paths: str | Path | Sequence[str | Path]) -> TraceReport:
     kernel_classes = class_summary(trace, work=work)
     del work
     timings["kernels"] = time.perf_counter() - t0
-    ops = _section("ops", lambda t: top_ops(t, n=50), trace, warnings, timings)
+    # every operator (not only the top ones): the diagnosis classifies all CPU time
+    ops = _section("ops", lambda t: top_ops(t, n=ALL_OPS), trace, warnings, timings)
+    syncs = _section("syncs", host_device_syncs, trace, warnings, timings)
     # The three HTA analyses select the same device events: build them once, in the
     # first section that needs them. If that fails, each section retries and fails
     # on its own, with its own warning, as when they were separate.
@@ -189,6 +196,12 @@ def analyze_trace(paths: str | Path | Sequence[str | Path]) -> TraceReport:
         "step_numbers": per_step["step"].tolist(),
         "mean_step_ns": float(per_step["duration"].mean()) if len(per_step) else 0.0,
         "trace_span_ns": int(ev["end"].max() - ev["ts"].min()) if len(ev) else 0,
+        "device_properties": [
+            {k: v for k, v in p.items() if isinstance(v, (int, float, str))}
+            for m in trace.meta.values()
+            for p in m.get("deviceProperties") or []
+            if isinstance(p, dict)
+        ],
         "devices": {
             int(r): [p.get("name") for p in m.get("deviceProperties") or [] if isinstance(p, dict)]
             for r, m in trace.meta.items()
@@ -205,6 +218,7 @@ def analyze_trace(paths: str | Path | Sequence[str | Path]) -> TraceReport:
         kernel_classes=kernel_classes,
         ops_top=ops if ops is not None else pd.DataFrame(),
         idle_time=idle,
+        syncs=syncs,
         temporal=temporal,
         communication=comm,
         memory=memory,

@@ -121,9 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.verb == "analyze":
             from stepscope.app.cli_analyze import cmd_analyze
 
-            return cmd_analyze(
-                args.paths, as_json=args.json, top=args.top, save=not args.no_save
-            )
+            return cmd_analyze(args.paths, as_json=args.json, top=args.top, save=not args.no_save)
         if args.verb == "dashboard":
             from stepscope.app.cli_dashboard import cmd_dashboard
 

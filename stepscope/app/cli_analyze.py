@@ -19,9 +19,13 @@ class _InputError(Exception):
     """A PATH that is neither a file/folder nor a run with traces (message: one line)."""
 
 
-def resolve_paths(paths: Sequence[str]) -> list[Path]:
-    """Files/folders stay as they are; anything else is looked up as a run of the store."""
+def resolve_paths(paths: Sequence[str]) -> tuple[list[Path], list[int]]:
+    """Files/folders stay as they are; anything else is looked up as a run of the store.
+
+    Returns the trace files and the run ids named (a run brings its trace artifacts).
+    """
     out: list[Path] = []
+    runs: list[int] = []
     for p in paths:
         path = Path(p).expanduser()
         if path.exists():
@@ -35,32 +39,58 @@ def resolve_paths(paths: Sequence[str]) -> list[Path]:
                 arts = store.artifacts(run_id)
         except (RunNotFound, StoreError):
             raise _InputError(f"{p}: no such file, folder or run") from None
+        runs.append(run_id)
         traces = arts[arts["kind"] == "trace"] if len(arts) else arts
-        if traces.empty:
-            raise _InputError(f"{p}: run {run_id} has no trace artifacts (capture one first)")
         out.extend(Path(x) for x in traces["path"])
-    return out
+    return out, runs
 
 
-def cmd_analyze(paths: Sequence[str], as_json: bool = False, top: int = 10) -> int:
+def cmd_analyze(
+    paths: Sequence[str], as_json: bool = False, top: int = 10, save: bool = True
+) -> int:
+    from stepscope.analyzers.diagnosis import Diagnosis, diagnose_report, diagnose_run
     from stepscope.analyzers.trace_report import analyze_trace
 
     try:
-        report = analyze_trace(resolve_paths(paths))
+        files, runs = resolve_paths(paths)
+        if not files and not runs:
+            raise _InputError(f"{', '.join(paths)}: nothing to analyse")
+        report = analyze_trace(files) if files else None
     except (TraceError, _InputError) as exc:
         print(f"stepscope: {exc}", file=sys.stderr)
         return 1
     except MemoryError:
         print(f"stepscope: {', '.join(paths)}: out of memory while loading", file=sys.stderr)
         return 1
+    diagnosis: Diagnosis
+    if len(runs) == 1:
+        # One run: every kind of evidence it has (steps, samples, facts), saved with it.
+        from stepscope.store import RunStore
+
+        with RunStore() as store:
+            diagnosis = diagnose_run(store, runs[0], report=report, save=save)
+    else:
+        diagnosis = diagnose_report(report)
     if as_json:
         import orjson
 
-        data = report.to_json(top=top)
+        data = report.to_json(top=top) if report is not None else {"paths": [], "steps": 0}
+        if len(runs) == 1:
+            data["run_id"] = runs[0]
+        data["diagnosis_level"] = diagnosis.level
+        data["findings"] = diagnosis.to_json()
+        data["warnings"] = data.get("warnings", []) + diagnosis.warnings
         sys.stdout.buffer.write(orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
         sys.stdout.flush()
         return 0
-    _print_report(report, top)
+    if report is not None:
+        _print_report(report, top)
+    else:
+        print(
+            f"run {runs[0]} has no trace: diagnosis from its steps and samples only "
+            f"(capture one with `stepscope capture RUN` or `stepscope run --profile-at N`)"
+        )
+    _print_findings(diagnosis)
     return 0
 
 
@@ -212,4 +242,50 @@ def _print_report(report, top: int) -> None:
         console.print(t)
 
     for w in report.warnings:
+        console.print(f"[yellow]warning:[/yellow] {w}")
+
+
+_CLASS_STYLE = {"io": "cyan", "compute": "magenta", "memory": "yellow", "communication": "green"}
+
+
+def _print_findings(diagnosis) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from stepscope.analyzers.diagnosis import CLASS_LABELS
+
+    console = Console()
+    if not diagnosis.findings:
+        console.print(
+            f"[bold]Diagnosis[/bold] ({diagnosis.level} level): no bottleneck above the thresholds"
+        )
+    for i, f in enumerate(diagnosis.findings, 1):
+        style = _CLASS_STYLE.get(f.klass, "white")
+        share = "-" if f.share is None else f"{100 * f.share:.1f} % of step time"
+        console.print(
+            f"[bold]{i}. [{style}]{CLASS_LABELS[f.klass]} / {f.subtype}[/{style}][/bold]  "
+            f"{f.title}  [dim]({share}, confidence {f.confidence:.2f}, "
+            f"{diagnosis.level} level)[/dim]"
+        )
+        for e in f.evidence:
+            console.print(f"     • {e['text']} [dim]({e['source']})[/dim]")
+        if f.fixes:
+            t = Table(show_header=True, header_style="bold", box=None, padding=(0, 2))
+            for col in ("fix", "predicted", "auto", "numerics", "basis"):
+                t.add_column(col)
+            for fx in f.fixes:
+                pred = (
+                    "-" if fx["predicted_speedup"] is None else f"≤ {fx['predicted_speedup']:.2f}x"
+                )
+                if fx["typical"]:
+                    pred += f" (typ. {fx['typical'][0]:g}-{fx['typical'][1]:g}x)"
+                t.add_row(
+                    fx["id"],
+                    pred,
+                    "yes" if fx["auto"] else "code change",
+                    "changes" if fx["changes_numerics"] else "same",
+                    fx["basis"],
+                )
+            console.print(t)
+    for w in diagnosis.warnings:
         console.print(f"[yellow]warning:[/yellow] {w}")

@@ -36,6 +36,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from stepscope.collectors.job_facts import JobFacts
+
 # Grad-enabled forward steps wait this long for an optimizer step before they are
 # taken for inference steps; longer once a backward was seen (gradient accumulation).
 CONFIRM_FORWARD_S = 1.0
@@ -125,6 +127,7 @@ class StepTimer:
         self._is_compiling: Callable[[], bool] = _false
         self._tensor_type: type | None = None
         self._disabled: set[str] = set()
+        self.facts = JobFacts()
 
     # -- installation -------------------------------------------------------------------
     def install(self) -> None:
@@ -210,6 +213,7 @@ class StepTimer:
         try:
             anchor = self._anchor() if self._anchor is not None else None
             if anchor is None:
+                self.facts.on_optimizer(optimizer)
                 self._anchor = weakref.ref(optimizer)
             elif anchor is not optimizer:
                 return
@@ -231,8 +235,11 @@ class StepTimer:
         tls = self._tls
         depth = getattr(tls, "depth", 0)
         tls.depth = depth + 1
-        if depth == 0 and self.start_s is None:
-            self._activity()
+        if depth == 0:
+            if self.start_s is None:
+                self._activity()
+            if "model" not in self.facts.facts:
+                self.facts.on_top_forward(module, args)
 
     def _forward_hook(self, module: Any, args: Any, output: Any) -> None:
         if self._is_compiling() or self.inert:
@@ -266,6 +273,8 @@ class StepTimer:
         def wrapper(self: Any) -> Any:
             if timer.inert or "data wait" in timer._disabled:
                 return original(self)
+            if not count_batch:
+                timer.facts.on_loader(self)
             t0 = perf()
             if timer.start_s is None:
                 timer._activity()
@@ -388,6 +397,7 @@ class StepTimer:
                 callback()
             except Exception as exc:
                 self._disable("device info", exc)
+            self._write_facts()
         losses = row["_losses"]
         if "cuda" not in self._disabled and self._cuda_in_use():
             try:
@@ -581,6 +591,7 @@ class StepTimer:
             self._disable("step timer", exc)
         self._final = True
         self.inert = True
+        self._write_facts()
         if self.mode == "mark" and self._taken_back > self.step:
             with contextlib.suppress(Exception):
                 self._writer().delete_steps_from(self.step)
@@ -589,6 +600,17 @@ class StepTimer:
         if self._cuda_rows:
             with contextlib.suppress(Exception):
                 self._torch.cuda.synchronize()  # the job is over: waiting is free now
+
+    def _write_facts(self) -> None:
+        """Rank 0 speaks for the job: ranks run the same script with the same settings."""
+        if self.rank != 0 or "facts" in self._disabled:
+            return
+        try:
+            facts = self.facts.take_if_changed()
+            if facts:
+                self._writer().merge_run_json("facts", facts)
+        except Exception as exc:
+            self._disable("facts", exc)
 
     def _stop_job(self) -> None:
         writer = self._writer()

@@ -415,8 +415,7 @@ class RunStore:
     def top_findings(self) -> dict[int, dict[str, Any]]:
         """run id -> its first finding (class, subtype, title, share): the runs table."""
         rows = self._conn.execute(
-            "SELECT run_id, class, subtype, title, share, confidence FROM findings"
-            " WHERE position=0"
+            "SELECT run_id, class, subtype, title, share, confidence FROM findings WHERE position=0"
         ).fetchall()
         return {int(r["run_id"]): dict(r) for r in rows}
 

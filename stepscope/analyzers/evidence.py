@@ -1,0 +1,161 @@
+"""Everything the diagnosis may use about one run, gathered from the store once.
+
+Three levels, each a superset of the one before, because a run has whatever its
+collectors could record: ``samples`` (system sampler only: an attached process with no
+hooks), ``steps`` (plus the step timer: data wait, step times) and ``trace`` (plus a
+profiler capture: the full breakdown, kernels, memory, communication). The diagnosis
+states which level it had, and its confidence follows from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from stepscope.analyzers.step_stats import summarize_steps
+from stepscope.analyzers.trace_report import TraceReport
+from stepscope.optim_runner.catalog.base import JobContext
+
+LEVELS = ("samples", "steps", "trace")
+
+
+@dataclass
+class Evidence:
+    level: str  # 'samples' | 'steps' | 'trace' | 'none'
+    context: JobContext
+    steps: dict[str, Any] | None = None  # summarize_steps
+    system: dict[str, float] = field(default_factory=dict)  # 'scope.metric.stat' -> value
+    trace: TraceReport | None = None
+    run: dict[str, Any] | None = None  # the run's row (status, error)
+
+
+def system_summary(samples: pd.DataFrame) -> dict[str, float]:
+    """Long-form samples -> ``{'proc.cpu_percent.mean': 97.1, ...}`` (mean, p95, max).
+
+    Samples of several GPUs are pooled under ``gpu.*`` (their mean is the job's mean
+    utilisation; ``max`` the worst device) and kept per device as well.
+    """
+    if samples is None or samples.empty:
+        return {}
+    df = samples.dropna(subset=["value"])
+    gpu = df[df["scope"].str.startswith("gpu")].assign(scope="gpu")
+    df = pd.concat([df, gpu], ignore_index=True)
+    stats = df.groupby(["scope", "metric"])["value"].agg(
+        mean="mean", p95=lambda v: v.quantile(0.95), max="max", n="count"
+    )
+    out: dict[str, float] = {}
+    for (scope, metric), row in stats.iterrows():
+        for stat in ("mean", "p95", "max", "n"):
+            out[f"{scope}.{metric}.{stat}"] = float(row[stat])
+    span = samples["t"].max() - samples["t"].min()
+    out["duration_s"] = float(span)
+    return out
+
+
+def context_from_run(run: dict[str, Any]) -> JobContext:
+    """What the job reported about itself (facts, device)."""
+    facts = run.get("facts") or {}
+    device = run.get("device") or {}
+    model = facts.get("model") or {}
+    model_device = str(model.get("device") or "")
+    if model_device:
+        cuda: bool | None = model_device.startswith("cuda")
+    elif device:
+        cuda = bool(device.get("device_name"))  # set only when the job initialised CUDA
+    else:
+        cuda = None
+    capability = device.get("capability")
+    name = device.get("device_name")
+    vendor = None
+    if name:
+        vendor = "amd" if "AMD" in name.upper() or "INSTINCT" in name.upper() else "nvidia"
+    training = None
+    if facts:
+        training = bool(facts.get("optimizer")) or bool(model.get("grad_enabled"))
+    return JobContext(
+        cuda=cuda,
+        vendor=vendor,
+        capability=float(capability) if capability else None,
+        device_name=name,
+        training=training,
+        dataloader=bool(facts.get("dataloaders")) if facts else None,
+        conv2d=model.get("conv2d") if model else None,
+        ddp=(model.get("wrapper") == "DistributedDataParallel") if model else None,
+        dataparallel=(model.get("wrapper") == "DataParallel") if model else None,
+        cpu_count=device.get("cpu_count"),
+        facts=facts,
+    )
+
+
+def context_from_trace(report: TraceReport) -> JobContext:
+    """A bare trace file: what the events show (None where they cannot say)."""
+    props = [
+        p
+        for r in report.summary.get("devices", {}).values()
+        for p in (r or [])
+        if isinstance(p, str)
+    ]
+    name = props[0] if props else None
+    vendor = None
+    capability = None
+    if name:
+        amd = any(k in name.upper() for k in ("AMD", "INSTINCT", "MI2", "MI3"))
+        vendor = "amd" if amd else "nvidia"
+    for meta in report.summary.get("device_properties", []):
+        major, minor = meta.get("computeMajor"), meta.get("computeMinor")
+        if major is not None and vendor != "amd":
+            capability = float(f"{major}.{minor or 0}")
+            break
+    ops = set(report.ops_top["name"].astype(str)) if not report.ops_top.empty else set()
+    dataloader = any(n.startswith("enumerate(DataLoader)") for n in ops) or (
+        report.breakdown.get("DataLoader", 0.0) > 0
+    )
+    training = any(n.startswith("Optimizer.step") or "Backward" in n for n in ops)
+    conv = any("conv" in n for n in ops)
+    comm = report.communication or {}
+    ddp = bool(comm.get("share")) or any(n.startswith("c10d::") for n in ops)
+    return JobContext(
+        cuda=bool(report.summary.get("has_device")),
+        vendor=vendor,
+        capability=capability,
+        device_name=name,
+        training=training or None,
+        dataloader=dataloader or None,
+        conv2d=conv or None,
+        ddp=ddp or None,
+        dataparallel=None,
+    )
+
+
+def gather(store: Any, run_id: int, report: TraceReport | None = None) -> Evidence:
+    """The run's evidence; ``report`` is its trace analysis when it has traces."""
+    run = store.run(run_id)
+    context = context_from_run(run)
+    if report is not None:
+        from_trace = context_from_trace(report)
+        for name in ("cuda", "vendor", "capability", "device_name", "training", "conv2d"):
+            if getattr(context, name) is None:
+                setattr(context, name, getattr(from_trace, name))
+    steps = store.steps(run_id)
+    system = system_summary(store.samples(run_id))
+    if context.cpu_count is None and "system.cpu_count.max" in system:
+        context.cpu_count = int(system["system.cpu_count.max"])
+    summary = summarize_steps(steps) if len(steps) else None
+    if report is not None:
+        level = "trace"
+    elif summary is not None:
+        level = "steps"
+    elif system:
+        level = "samples"
+    else:
+        level = "none"
+    return Evidence(
+        level=level, context=context, steps=summary, system=system, trace=report, run=run
+    )
+
+
+def from_trace(report: TraceReport) -> Evidence:
+    """A trace file with no run behind it."""
+    return Evidence(level="trace", context=context_from_trace(report), trace=report)

@@ -1,0 +1,168 @@
+"""What the job has switched on: DataLoader, optimizer, model wrapping, precision.
+
+The diagnosis must not recommend a fix that is already in effect (no "add workers" to
+a loader that has eight) nor one whose requirements the job does not meet (no DDP
+bucket advice without DDP, no channels_last without 4-D convolutions). Only the job's
+own objects know these settings, so the step timer hands them here the first time it
+sees each one, and the facts are written to the run's ``facts`` column at the first
+step and again at the end (a second loader, e.g. for validation, comes later).
+
+Reading attributes is all this does: nothing here changes the job, and every reader
+is wrapped so that an odd object costs its own fact, never the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any
+
+MAX_LOADERS = 4  # a job with more loaders than this is recorded by its first few
+
+
+class JobFacts:
+    """Accumulates facts in a plain dict; ``take_if_changed`` hands out what to write."""
+
+    def __init__(self) -> None:
+        self.facts: dict[str, Any] = {}
+        self._seen: set[int] = set()
+        self._changed = False
+
+    def _once(self, obj: Any) -> bool:
+        key = id(obj)
+        if key in self._seen:
+            return False
+        self._seen.add(key)
+        return True
+
+    def on_loader(self, loader: Any) -> None:
+        if not self._once(loader):
+            return
+        loaders = self.facts.setdefault("dataloaders", [])
+        if len(loaders) < MAX_LOADERS:
+            with contextlib.suppress(Exception):
+                loaders.append(loader_facts(loader))
+                self._changed = True
+
+    def on_optimizer(self, optimizer: Any) -> None:
+        if "optimizer" in self.facts or not self._once(optimizer):
+            return
+        with contextlib.suppress(Exception):
+            self.facts["optimizer"] = optimizer_facts(optimizer)
+            self._changed = True
+
+    def on_top_forward(self, module: Any, args: Any) -> None:
+        """The first top-level module call: the model as the job runs it."""
+        if "model" in self.facts:
+            return
+        with contextlib.suppress(Exception):
+            self.facts["model"] = model_facts(module, args)
+            self._changed = True
+
+    def take_if_changed(self) -> dict[str, Any] | None:
+        """Global settings are read now (the job may set them after importing torch)."""
+        with contextlib.suppress(Exception):
+            settings = global_facts()
+            if settings != self.facts.get("settings"):
+                self.facts["settings"] = settings
+                self._changed = True
+        if not self._changed:
+            return None
+        self._changed = False
+        return dict(self.facts)
+
+
+def loader_facts(loader: Any) -> dict[str, Any]:
+    from torch.utils.data import IterableDataset
+
+    dataset = getattr(loader, "dataset", None)
+    return {
+        "num_workers": int(getattr(loader, "num_workers", 0) or 0),
+        "pin_memory": bool(getattr(loader, "pin_memory", False)),
+        "persistent_workers": bool(getattr(loader, "persistent_workers", False)),
+        "prefetch_factor": getattr(loader, "prefetch_factor", None),
+        "batch_size": getattr(loader, "batch_size", None),
+        "iterable_dataset": isinstance(dataset, IterableDataset),
+        "dataset": type(dataset).__name__,
+    }
+
+
+def optimizer_facts(optimizer: Any) -> dict[str, Any]:
+    defaults = getattr(optimizer, "defaults", {}) or {}
+    params = sum(len(g.get("params", ())) for g in getattr(optimizer, "param_groups", ()))
+    return {
+        "class": type(optimizer).__name__,
+        "fused": defaults.get("fused"),
+        "foreach": defaults.get("foreach"),
+        "supports_fused": "fused" in defaults,
+        "param_tensors": params,
+    }
+
+
+def model_facts(module: Any, args: Any) -> dict[str, Any]:
+    import torch
+    from torch import nn
+
+    inner = module
+    compiled = hasattr(module, "_orig_mod")
+    if compiled:
+        inner = module._orig_mod
+    wrapper = None
+    if isinstance(inner, nn.parallel.DistributedDataParallel):
+        wrapper = "DistributedDataParallel"
+    elif isinstance(inner, nn.DataParallel):
+        wrapper = "DataParallel"
+    modules = list(inner.modules())
+    params = list(inner.parameters())
+    out: dict[str, Any] = {
+        "class": type(inner.module if wrapper else inner).__name__,
+        "wrapper": wrapper,
+        "compiled": compiled,
+        "training": bool(inner.training),
+        "modules": len(modules),
+        "parameters": int(sum(p.numel() for p in params)),
+        "param_dtype": str(params[0].dtype).replace("torch.", "") if params else None,
+        "device": str(params[0].device) if params else None,
+        "conv2d": any(isinstance(m, nn.Conv2d) for m in modules),
+        "grad_enabled": torch.is_grad_enabled(),
+        "inference_mode": torch.is_inference_mode_enabled(),
+    }
+    first = next((a for a in (args or ()) if isinstance(a, torch.Tensor)), None)
+    if first is not None:
+        out["input_shape"] = list(first.shape)
+        out["input_dtype"] = str(first.dtype).replace("torch.", "")
+        if first.dim() == 4:
+            out["channels_last"] = bool(
+                first.is_contiguous(memory_format=torch.channels_last) and not first.is_contiguous()
+            )
+    for device_type in ("cuda", "cpu"):
+        with contextlib.suppress(Exception):
+            if torch.is_autocast_enabled(device_type):
+                dtype = torch.get_autocast_dtype(device_type)
+                out["autocast"] = {"device": device_type, "dtype": str(dtype).split(".")[-1]}
+    if wrapper == "DistributedDataParallel":
+        out["ddp"] = {
+            "bucket_cap_mb": round(getattr(inner, "bucket_bytes_cap", 0) / 2**20, 1),
+            "gradient_as_bucket_view": bool(getattr(inner, "gradient_as_bucket_view", False)),
+            "static_graph": bool(getattr(inner, "static_graph", False)),
+            "comm_hook": bool(getattr(inner, "_comm_hooks", None)),
+        }
+        with contextlib.suppress(Exception):
+            import torch.distributed as dist
+
+            out["ddp"]["backend"] = dist.get_backend()
+    return out
+
+
+def global_facts() -> dict[str, Any]:
+    import torch
+
+    return {
+        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+        "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
+        "tf32_cudnn": bool(torch.backends.cudnn.allow_tf32),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "threads": torch.get_num_threads(),
+        "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+        or os.environ.get("PYTORCH_ALLOC_CONF"),
+    }

@@ -1,0 +1,429 @@
+"""Diagnosis: each rule on both sides of its threshold, the fixes it recommends (and
+refuses), the verdicts on the real traces, and a samples-only verdict on a process
+that was never started under stepscope."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from traces import trace_path
+
+from stepscope.analyzers import diagnosis as dx
+from stepscope.analyzers.diagnosis import diagnose, diagnose_report, diagnose_run
+from stepscope.analyzers.evidence import Evidence, system_summary
+from stepscope.analyzers.trace_report import TraceReport, analyze_trace
+from stepscope.optim_runner import catalog
+from stepscope.optim_runner.catalog.base import JobContext
+from stepscope.store import RunStore
+
+CPU_JOB = JobContext(cuda=False, training=True, dataloader=True, cpu_count=2)
+A100_JOB = JobContext(
+    cuda=True, vendor="nvidia", capability=8.0, training=True, dataloader=True, conv2d=True
+)
+
+
+def report(
+    *,
+    breakdown: dict[str, float],
+    device: bool = True,
+    gpu_util: float | None = None,
+    tensor_cores: float = 0.0,
+    kernels: dict[str, float] | None = None,
+    ops: dict[str, float] | None = None,
+    comm: dict | None = None,
+    memory: dict | None = None,
+    syncs: pd.DataFrame | None = None,
+) -> TraceReport:
+    """A TraceReport with the given figures; one step of 100 ms."""
+    step_ns = 100e6
+    kc = pd.DataFrame(
+        [
+            {"class": c, "count": 10, "total_ns": share * step_ns, "share": 0.0}
+            for c, share in (kernels or {}).items()
+        ],
+        columns=["class", "count", "total_ns", "share"],
+    )
+    if len(kc):
+        kc["share"] = kc["total_ns"] / kc["total_ns"].sum()
+    gpu = pd.DataFrame(
+        [{"rank": 0, "gpu_utilization": gpu_util, "tensor_core_share_modern": tensor_cores}]
+        if device
+        else []
+    )
+    ops_top = pd.DataFrame(
+        [{"name": n, "count": 10, "self_ns": v * step_ns} for n, v in (ops or {}).items()],
+        columns=["name", "count", "self_ns"],
+    )
+    summary = {
+        "has_device": device,
+        "steps": 1,
+        "step_numbers": [1],
+        "ranks": [0],
+        "mean_step_ns": step_ns,
+        "devices": {},
+        "device_properties": [],
+    }
+    return TraceReport(
+        paths=[],
+        summary=summary,
+        per_step=pd.DataFrame(),
+        breakdown_avg=pd.DataFrame(),
+        breakdown=breakdown,
+        gpu=gpu,
+        kernels_top=pd.DataFrame(),
+        kernel_classes=kc,
+        ops_top=ops_top,
+        idle_time=None,
+        syncs=syncs,
+        temporal=None,
+        communication=comm,
+        memory=memory,
+    )
+
+
+def evidence(ctx: JobContext = CPU_JOB, **kw) -> Evidence:
+    level = "trace" if kw.get("trace") is not None else "steps" if kw.get("steps") else "samples"
+    return Evidence(level=level, context=ctx, **kw)
+
+
+# -- rules on both sides of their thresholds ------------------------------------------
+@pytest.mark.parametrize(
+    ("share", "found"), [(dx.INPUT_MIN - 0.001, False), (dx.INPUT_MIN + 0.001, True)]
+)
+def test_input_pipeline_threshold(share: float, found: bool) -> None:
+    f = dx.input_pipeline(evidence(steps={"data_wait_share": share}))
+    assert (f is not None) is found
+    if found:
+        assert f.confidence < 0.9  # moderately input-bound
+    high = dx.input_pipeline(evidence(steps={"data_wait_share": dx.INPUT_HIGH + 0.01}))
+    assert high.confidence == 0.9 and "highly" in high.title
+
+
+@pytest.mark.parametrize(
+    ("iowait", "found"), [(dx.IOWAIT_HIGH - 1, False), (dx.IOWAIT_HIGH + 1, True)]
+)
+def test_storage_threshold(iowait: float, found: bool) -> None:
+    ev = evidence(steps={"data_wait_share": 0.4}, system={"system.iowait_percent.mean": iowait})
+    assert (dx.storage(ev) is not None) is found
+    # a busy disk that the loop does not wait for is someone else's problem
+    ev = evidence(steps={"data_wait_share": 0.01}, system={"system.iowait_percent.mean": 50.0})
+    assert dx.storage(ev) is None
+
+
+@pytest.mark.parametrize(
+    ("util", "found"), [(dx.GPU_UTIL_LOW + 0.01, False), (dx.GPU_UTIL_LOW - 0.01, True)]
+)
+def test_host_overhead_gpu_threshold(util: float, found: bool) -> None:
+    r = report(
+        breakdown={"Kernel": util, "CPU Exec": 1 - util}, gpu_util=util, kernels={"gemm_conv": util}
+    )
+    f = dx.host_overhead(evidence(A100_JOB, trace=r))
+    assert (f is not None) is found
+    if found:
+        assert f.share == pytest.approx(1 - util)
+
+
+@pytest.mark.parametrize(("framework", "found"), [(0.05, False), (0.5, True)])
+def test_host_overhead_cpu_threshold(framework: float, found: bool) -> None:
+    r = report(
+        breakdown={"CPU Exec": 0.98, "Other": 0.02},
+        device=False,
+        ops={"aten::view": framework, "aten::addmm": 1 - framework},
+    )
+    f = dx.host_overhead(evidence(trace=r))
+    assert (f is not None) is found
+
+
+@pytest.mark.parametrize(
+    ("gemm", "found"), [(dx.KERNEL_MIN - 0.01, False), (dx.KERNEL_MIN + 0.01, True)]
+)
+def test_device_compute_threshold(gemm: float, found: bool) -> None:
+    r = report(
+        breakdown={"Kernel": 0.9, "CPU Exec": 0.1},
+        gpu_util=0.9,
+        kernels={"gemm_conv": gemm, "elementwise": 0.9 - gemm},
+    )
+    f = dx.device_compute(evidence(A100_JOB, trace=r))
+    assert (f is not None) is found
+
+
+@pytest.mark.parametrize(("tc", "unused"), [(dx.TENSOR_CORE_MIN + 0.01, False), (0.0, True)])
+def test_tensor_cores_unused(tc: float, unused: bool) -> None:
+    r = report(breakdown={"Kernel": 0.9}, gpu_util=0.9, tensor_cores=tc, kernels={"gemm_conv": 0.8})
+    f = dx.device_compute(evidence(A100_JOB, trace=r))
+    assert ("without Tensor Cores" in f.title) is unused
+
+
+@pytest.mark.parametrize(("pointwise", "found"), [(0.05, False), (0.6, True)])
+def test_memory_bandwidth_threshold(pointwise: float, found: bool) -> None:
+    r = report(
+        breakdown={"CPU Exec": 1.0},
+        device=False,
+        ops={"aten::mul": pointwise, "aten::mm": 1 - pointwise},
+    )
+    assert (dx.memory_bandwidth(evidence(trace=r)) is not None) is found
+
+
+@pytest.mark.parametrize(
+    ("peak", "found"), [(dx.CAPACITY_HIGH - 0.01, False), (dx.CAPACITY_HIGH + 0.01, True)]
+)
+def test_memory_capacity_threshold(peak: float, found: bool) -> None:
+    r = report(
+        breakdown={"Kernel": 0.9},
+        gpu_util=0.9,
+        memory={
+            "cuda:0": {"peak_share": peak, "peak_allocated_bytes": 1, "peak_reserved_bytes": 1}
+        },
+    )
+    assert (dx.memory_capacity(evidence(A100_JOB, trace=r)) is not None) is found
+
+
+def test_an_oom_is_a_capacity_finding_first() -> None:
+    ev = evidence(
+        A100_JOB,
+        steps={"data_wait_share": 0.3},
+        run={"error": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB"},
+    )
+    d = diagnose(ev)
+    assert (d.findings[0].klass, d.findings[0].subtype) == ("memory", "capacity")
+    assert "expandable_segments" in {f["id"] for f in d.findings[0].fixes}
+
+
+@pytest.mark.parametrize(
+    ("share", "found"), [(dx.COMM_MIN - 0.001, False), (dx.COMM_MIN + 0.001, True)]
+)
+def test_collectives_threshold(share: float, found: bool) -> None:
+    r = report(
+        breakdown={"Communication": share, "Kernel": 0.5},
+        gpu_util=0.5,
+        comm={"share": share, "overlap": 0.2},
+    )
+    assert (dx.collectives(evidence(A100_JOB, trace=r)) is not None) is found
+
+
+def test_host_device_counts_syncs_only_when_the_gpu_starves() -> None:
+    syncs = pd.DataFrame(
+        [{"call": "cudaStreamSynchronize", "op": "aten::item", "count": 50, "total_ns": 20e6}]
+    )
+    idle = report(breakdown={"Kernel": 0.3, "CPU Exec": 0.7}, gpu_util=0.3, syncs=syncs)
+    f = dx.host_device(evidence(A100_JOB, trace=idle))
+    assert f is not None and f.share == pytest.approx(0.2)
+    assert any("aten::item" in e["text"] for e in f.evidence)
+    busy = report(breakdown={"Kernel": 0.95, "CPU Exec": 0.05}, gpu_util=0.95, syncs=syncs)
+    assert dx.host_device(evidence(A100_JOB, trace=busy)) is None
+
+
+@pytest.mark.parametrize(
+    ("cpu", "found"), [(dx.WAITING_CPU_PERCENT + 5, False), (dx.WAITING_CPU_PERCENT - 5, True)]
+)
+def test_waiting_process_threshold(cpu: float, found: bool) -> None:
+    ev = evidence(system={"proc.cpu_percent.mean": cpu})
+    assert (dx.waiting_process(ev) is not None) is found
+
+
+# -- recommendations -------------------------------------------------------------------
+def _fix_ids(ev: Evidence, subtype: str) -> tuple[set[str], dict[str, str]]:
+    f = next(f for f in diagnose(ev).findings if f.subtype == subtype)
+    return {x["id"] for x in f.fixes}, {s["id"]: s["reason"] for s in f.skipped}
+
+
+def test_no_gpu_advice_for_a_cpu_job_and_no_tf32_before_ampere() -> None:
+    r = report(breakdown={"Kernel": 0.9, "CPU Exec": 0.1}, gpu_util=0.9, kernels={"gemm_conv": 0.8})
+    v100 = JobContext(cuda=True, vendor="nvidia", capability=7.0, training=True)
+    ids, skipped = _fix_ids(evidence(v100, trace=r), "device_compute")
+    assert "tf32" not in ids and "bf16_autocast" not in ids and "fp16_grad_scaler" in ids
+    assert skipped["tf32"] == "needs tf32"
+    ids, _ = _fix_ids(evidence(A100_JOB, trace=r), "device_compute")
+    assert {"tf32", "bf16_autocast"} <= ids
+    cpu = report(breakdown={"CPU Exec": 1.0}, device=False, ops={"aten::mm": 1.0})
+    ids, skipped = _fix_ids(evidence(CPU_JOB, trace=cpu), "device_compute")
+    assert not ids & {"tf32", "bf16_autocast", "cudnn_benchmark"}
+    assert skipped["bf16_autocast"].startswith("needs cuda")
+
+
+def test_a_fix_in_effect_is_not_recommended_again() -> None:
+    steps = {"data_wait_share": 0.5}
+    none = JobContext(
+        cuda=False,
+        dataloader=True,
+        cpu_count=2,
+        facts={"dataloaders": [{"num_workers": 0, "prefetch_factor": None}]},
+    )
+    ids, _ = _fix_ids(evidence(none, steps=steps), "input_pipeline")
+    assert "dataloader_workers" in ids
+    many = JobContext(
+        cuda=False,
+        dataloader=True,
+        cpu_count=2,
+        facts={
+            "dataloaders": [{"num_workers": 8, "persistent_workers": True, "prefetch_factor": 4}]
+        },
+    )
+    ids, skipped = _fix_ids(evidence(many, steps=steps), "input_pipeline")
+    assert not ids & {"dataloader_workers", "persistent_workers", "prefetch_factor"}
+    assert skipped["dataloader_workers"] == "already in effect"
+    r = report(breakdown={"Kernel": 0.9}, gpu_util=0.9, kernels={"gemm_conv": 0.8})
+    tf32_on = JobContext(**{**A100_JOB.__dict__, "facts": {"settings": {"tf32_matmul": True}}})
+    ids, skipped = _fix_ids(evidence(tf32_on, trace=r), "device_compute")
+    assert "tf32" not in ids and skipped["tf32"] == "already in effect"
+
+
+def test_predicted_gain_is_the_amdahl_bound() -> None:
+    pred, basis = catalog.get("dataloader_workers"), None
+    from stepscope.analyzers.recommend import predict
+
+    bound, basis = predict(pred, 0.30)
+    assert bound == pytest.approx(1 / 0.7, abs=0.01) and "Amdahl" in basis
+    amp, _ = predict(catalog.get("bf16_autocast"), 0.5)  # half the step, at most 2x faster
+    assert amp == pytest.approx(1 / (0.5 + 0.25), abs=0.01)
+    assert predict(catalog.get("expandable_segments"), None)[0] is None
+
+
+def test_catalog_entries_are_complete() -> None:
+    from stepscope.optim_runner.catalog.base import REQUIREMENTS
+
+    required = {
+        "dataloader_workers",
+        "pin_memory",
+        "persistent_workers",
+        "prefetch_factor",
+        "non_blocking_copies",
+        "bf16_autocast",
+        "fp16_grad_scaler",
+        "tf32",
+        "cudnn_benchmark",
+        "torch_compile",
+        "channels_last",
+        "fused_optimizer",
+        "gradient_checkpointing",
+        "larger_batch",
+        "expandable_segments",
+        "avoid_syncs",
+        "cpu_threads",
+        "ddp_bucket_cap",
+        "ddp_gradient_as_bucket_view",
+        "ddp_static_graph",
+        "ddp_bf16_compression",
+        "dataparallel_to_ddp",
+    }
+    assert required <= set(catalog.FIXES)
+    for fix in catalog.FIXES.values():
+        assert fix.addresses and fix.snippet and fix.why
+        assert set(fix.requires) <= set(REQUIREMENTS)
+        if fix.typical is not None:
+            assert fix.typical.lo < fix.typical.hi and fix.typical.source
+    assert not catalog.get("fp16_grad_scaler").auto  # suggest only
+    assert not catalog.get("avoid_syncs").auto
+    assert catalog.get("bf16_autocast").changes_numerics
+    assert not catalog.get("dataloader_workers").changes_numerics
+    with pytest.raises(KeyError, match="known:"):
+        catalog.get("nope")
+
+
+# -- the real traces -----------------------------------------------------------------
+def _diagnose_trace(*names: str) -> list[dict]:
+    return diagnose_report(analyze_trace([trace_path(n) for n in names])).to_json()
+
+
+def test_resnet_num_workers_0_is_input_bound_first() -> None:
+    findings = _diagnose_trace("resnet50_v100_num_workers_0.pt.trace.json.gz")
+    first = findings[0]
+    assert (first["class"], first["subtype"]) == ("io", "input_pipeline")
+    assert first["share"] == pytest.approx(0.334, abs=0.01)
+    assert first["fixes"][0]["id"] == "dataloader_workers"
+    # V100: no bf16 / TF32 advice anywhere, Tensor Cores unused is called out
+    compute = next(f for f in findings if f["subtype"] == "device_compute")
+    assert "without Tensor Cores" in compute["title"]
+    assert not {x["id"] for f in findings for x in f["fixes"]} & {"tf32", "bf16_autocast"}
+
+
+def test_resnet_num_workers_4_has_no_input_finding() -> None:
+    findings = _diagnose_trace("resnet50_v100_num_workers_4.pt.trace.json.gz")
+    assert all(f["subtype"] != "input_pipeline" for f in findings)
+    assert findings[0]["class"] == "compute"
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        ("a100_nccl_3steps.json.gz",),
+        ("sampled_2ranks_rank-0.json.gz", "sampled_2ranks_rank-1.json.gz"),
+    ],
+)
+def test_nccl_traces_get_a_communication_finding(names: tuple[str, ...]) -> None:
+    findings = _diagnose_trace(*names)
+    comm = next(f for f in findings if f["subtype"] == "collectives")
+    assert comm["class"] == "communication" and comm["share"] > dx.COMM_MIN
+    assert any(e["text"].startswith("overlap with compute") for e in comm["evidence"])
+
+
+def test_cpu_only_and_amd_traces_get_a_verdict() -> None:
+    cpu = _diagnose_trace("cpu_only_rank34.pt.trace.json.gz")
+    assert cpu and cpu[0]["class"] == "communication"
+    assert not {x["id"] for f in cpu for x in f["fixes"]} & {"pin_memory", "bf16_autocast"}
+    amd = _diagnose_trace("amd_mi250_minitoy.json.gz")
+    assert amd[0]["subtype"] == "host_overhead"
+    assert "tf32" not in {x["id"] for f in amd for x in f["fixes"]}
+
+
+# -- samples only: a process stepscope did not start ------------------------------------
+def _attach_samples(store: RunStore, command: list[str], seconds: float) -> int:
+    """Start a plain process, sample it with the real system sampler, then stop it."""
+    from stepscope.collectors.system_sampler import run_sampler
+
+    proc = subprocess.Popen(command)
+    run_id = store.create_run(command, name="attached", pid=None)
+    stop = threading.Event()
+    sampler = threading.Thread(
+        target=run_sampler,
+        args=(str(store.home), run_id, proc.pid, 0.25),
+        kwargs={"gpu": False, "stop": stop},
+    )
+    sampler.start()
+    time.sleep(seconds)
+    stop.set()
+    sampler.join(10)
+    proc.kill()
+    proc.wait()
+    store.finish_run(run_id, "stopped")
+    return run_id
+
+
+@pytest.mark.slow
+def test_samples_only_verdicts_for_processes_started_without_stepscope(tmp_path: Path) -> None:
+    with RunStore(tmp_path) as store:
+        busy = _attach_samples(
+            store,
+            [sys.executable, "-c", "import torch\nx=torch.randn(800,800)\nwhile True: x@x"],
+            4.0,
+        )
+        idle = _attach_samples(store, [sys.executable, "-c", "import time; time.sleep(60)"], 2.0)
+        d_busy = diagnose_run(store, busy)
+        d_idle = diagnose_run(store, idle)
+        assert d_busy.level == d_idle.level == "samples"
+        assert (d_busy.findings[0].klass, d_busy.findings[0].subtype) == (
+            "compute",
+            "device_compute",
+        )
+        assert d_idle.findings[0].klass == "io"
+        assert store.findings(busy)[0]["level"] == "samples"
+
+
+def test_system_summary_pools_gpus() -> None:
+    samples = pd.DataFrame(
+        [
+            (1.0, "gpu0", "util_percent", 10.0),
+            (1.0, "gpu1", "util_percent", 30.0),
+            (2.0, "proc", "cpu_percent", 50.0),
+        ],
+        columns=["t", "scope", "metric", "value"],
+    )
+    s = system_summary(samples)
+    assert s["gpu.util_percent.mean"] == 20.0 and s["gpu1.util_percent.max"] == 30.0
+    assert s["duration_s"] == 1.0
