@@ -17,6 +17,14 @@ ENV_FLUSH_S = "STEPSCOPE_FLUSH_S"  # float; writer flush interval (default 1.0)
 ENV_PACKAGE_PATH = "STEPSCOPE_PACKAGE_PATH"  # dir holding the stepscope package
 ENV_PREV_PYTHONPATH = "STEPSCOPE_PREV_PYTHONPATH"  # the user's PYTHONPATH, to chain to
 ENV_DISABLE = "STEPSCOPE_DISABLE"  # "1": bootstrap does nothing (escape hatch)
+ENV_PLAN = "STEPSCOPE_PLAN"  # path of a plan JSON: fixes to apply inside the job (below)
+
+# The plan file (written by the experiment runner, read by optim_runner/apply.py):
+#   {"fixes": {"<fix id>": {<parameters>}, ...},   # e.g. {"dataloader_workers": {"num_workers": 4}}
+#    "override_explicit": false,                   # also override values the user's code set
+#    "seed": 0 | null}                             # seed the RNGs before the script runs
+# Every change applied is logged to the run's events (source 'apply') and listed in
+# the run's config under "applied".
 
 CONTROL_DIRNAME = "control"  # <run_dir>/control/capture.json requests a capture
 CAPTURE_REQUEST_FILE = "capture.json"  # {"id": str, "steps": int}
