@@ -7,6 +7,10 @@ created only when the process has something to write. Processes of the job that 
 train — the ``torchrun`` agent, spawned DataLoader workers, helper subprocesses —
 therefore record nothing and pay nothing.
 
+With ``STEPSCOPE_PLAN`` set (an experiment's trial), the plan's fixes are installed
+first (``optim_runner/apply.py``), so that seeding and patched constructors are in
+place before the step timer and the user's script.
+
 What ends up in the run's row: ``device`` (torch/CUDA/CPU facts, merged per rank),
 ``error`` (one line, from the job's uncaught exception) and ``stop_reason``
 (``'max_steps'``, from the step timer). The launcher owns status and exit code.
@@ -55,6 +59,7 @@ class _Bootstrap:
         self.profile_at = _int(env.get(contract.ENV_PROFILE_AT))
         self.profile_steps = _int(env.get(contract.ENV_PROFILE_STEPS))
         self.flush_s = _float(env.get(contract.ENV_FLUSH_S)) or 1.0
+        self.plan_path = env.get(contract.ENV_PLAN) or None
         self.pid = os.getpid()
         self._writer: Any = None
         self.timer: Any = None
@@ -90,6 +95,11 @@ class _Bootstrap:
     def on_torch_imported(self) -> None:
         if os.getpid() != self.pid:
             return
+        if self.plan_path and not _is_launcher_agent():
+            # before the step timer: the plan may seed the RNGs the job then uses
+            from stepscope.optim_runner.apply import install_plan
+
+            install_plan(self.plan_path, self.writer)
         try:
             from stepscope.collectors import step_timer
             from stepscope.collectors.profiler_capture import CaptureController

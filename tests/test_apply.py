@@ -1,0 +1,142 @@
+"""Fixes applied inside a real job by the bootstrap, seen from the job's own objects.
+
+Each test runs ``tests/jobs/apply_probe.py`` (no stepscope import) under the bootstrap
+with a plan file, and reads back what the job's DataLoader, optimizer and model ended up
+with, what the run recorded as applied, and whether the losses stayed the same where
+the fix does not change numerics.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from stepscope.collectors.contract import ENV_PLAN
+from stepscope.store import RunStore
+
+_spec = importlib.util.spec_from_file_location(
+    "stepscope_test_jobs_util", Path(__file__).parent / "jobs" / "util.py"
+)
+jobs = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(jobs)
+
+
+def probe(tmp_path: Path, fixes: dict | None, *args: str, **plan_extra) -> tuple[dict, dict]:
+    """Run the probe job with this plan (None: no plan); returns (probe output, run row)."""
+    extra_env = {}
+    if fixes is not None:
+        plan = tmp_path / f"plan{len(list(tmp_path.glob('plan*.json')))}.json"
+        plan.write_text(json.dumps({"fixes": fixes, "seed": 0, **plan_extra}))
+        extra_env[ENV_PLAN] = str(plan)
+    run_id, proc = jobs.run_job(tmp_path, "apply_probe.py", *args, extra_env=extra_env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE "))
+    with RunStore(tmp_path) as store:
+        run = store.run(run_id)
+        run["events"] = store.events(run_id)
+    return json.loads(line[6:]), run
+
+
+def applied(run: dict) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for item in run["config"].get("applied", []):
+        if item["applied"]:
+            out.setdefault(item["fix"], []).append(item["change"])
+    return out
+
+
+def test_dataloader_and_optimizer_fixes_keep_the_losses(tmp_path: Path) -> None:
+    base, _ = probe(tmp_path, None)
+    assert base["num_workers"] == 0 and base["foreach"] is None
+    fixed, run = probe(
+        tmp_path,
+        {
+            "dataloader_workers": {"num_workers": 2},
+            "persistent_workers": {},
+            "prefetch_factor": {"prefetch_factor": 4},
+            "fused_optimizer": {},
+        },
+    )
+    assert fixed["num_workers"] == 2
+    assert fixed["persistent_workers"] is True and fixed["prefetch_factor"] == 4
+    assert fixed["foreach"] is True  # CPU: foreach, not fused
+    # none of these change numerics: the job's own losses are the same
+    assert fixed["losses"] == pytest.approx(base["losses"], rel=1e-6)
+    done = applied(run)
+    assert done["dataloader_workers"] == ["num_workers 0 -> 2"]
+    assert done["fused_optimizer"] == ["SGD(foreach=True)"]
+    assert (run["events"]["source"] == "apply").any()
+    # the facts the diagnosis reads see the patched loader
+    assert run["facts"]["dataloaders"][0]["num_workers"] == 2
+
+
+def test_explicit_values_are_kept_unless_the_plan_overrides(tmp_path: Path) -> None:
+    plan = {"dataloader_workers": {"num_workers": 2}}
+    kept, run = probe(tmp_path, plan, "--explicit-workers", "1")
+    assert kept["num_workers"] == 1
+    notes = [i["change"] for i in run["config"]["applied"] if not i["applied"]]
+    assert "kept the job's num_workers=1 (set explicitly)" in notes
+    forced, _ = probe(tmp_path, plan, "--explicit-workers", "1", override_explicit=True)
+    assert forced["num_workers"] == 2
+
+
+def test_model_fixes_channels_last_autocast_threads(tmp_path: Path) -> None:
+    base, _ = probe(tmp_path, None)
+    assert base["autocast_cpu"] is False and base["out_dtype"] == "torch.float32"
+    fixed, run = probe(
+        tmp_path,
+        {"channels_last": {}, "bf16_autocast": {"cpu": True}, "cpu_threads": {"threads": 1}},
+    )
+    assert fixed["weight_channels_last"] is True and fixed["input_channels_last"] is True
+    # inside the forward (the first call too), autocast is on and convs run in bf16
+    assert fixed["autocast_cpu"] is True and fixed["out_dtype"] == "torch.bfloat16"
+    assert fixed["threads"] == 1
+    done = applied(run)
+    assert "bf16_autocast" in done and "channels_last" in done and "cpu_threads" in done
+    # bf16 changes numerics, a little: the losses are close, not equal
+    assert fixed["losses"] != base["losses"]
+    assert fixed["losses"] == pytest.approx(base["losses"], rel=0.05)
+
+
+def test_bf16_is_not_applied_to_a_cpu_job_by_default(tmp_path: Path) -> None:
+    fixed, run = probe(tmp_path, {"bf16_autocast": {}})
+    assert fixed["autocast_cpu"] is False
+    notes = [i["change"] for i in run["config"]["applied"] if i["fix"] == "bf16_autocast"]
+    assert notes and notes[0].startswith("not applied: CPU job")
+
+
+def test_ddp_settings(tmp_path: Path) -> None:
+    fixed, run = probe(
+        tmp_path,
+        {
+            "ddp_bucket_cap": {"bucket_cap_mb": 50},
+            "ddp_gradient_as_bucket_view": {},
+            "ddp_static_graph": {},
+        },
+        "--ddp",
+    )
+    assert fixed["ddp"] == {
+        "bucket_cap_mb": 50.0,
+        "gradient_as_bucket_view": True,
+        "static_graph": True,
+    }
+
+
+def test_a_bad_plan_is_one_line_and_the_job_runs(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_text("{not json")
+    run_id, proc = jobs.run_job(tmp_path, "apply_probe.py", extra_env={ENV_PLAN: str(plan)})
+    assert proc.returncode == 0
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("stepscope:")]
+    assert len(lines) == 1 and "not applied" in lines[0]
+
+
+@pytest.mark.slow
+def test_torch_compile_of_the_model_forward(tmp_path: Path) -> None:
+    base, _ = probe(tmp_path, None, "--steps", "3")
+    fixed, run = probe(tmp_path, {"torch_compile": {}}, "--steps", "3")
+    assert applied(run)["torch_compile"] == ["torch.compile(Sequential.forward)"]
+    assert fixed["losses"] == pytest.approx(base["losses"], rel=1e-4)
