@@ -1,0 +1,138 @@
+"""Small pieces every dashboard page shares: number formats, status badges, query params,
+and turning a store/trace error into one line on the page.
+
+The formats match the CLI's (`stepscope show`), so a number read on the terminal can
+be found on the page as it is.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, NoReturn
+
+import streamlit as st
+
+from stepscope.app.data import one_line, user_errors
+
+#: status -> (badge colour, icon): running is the only live one, so it alone is blue
+STATUS_STYLE: dict[str, tuple[str, str]] = {
+    "running": ("blue", ":material/sync:"),
+    "completed": ("green", ":material/check_circle:"),
+    "stopped": ("green", ":material/stop_circle:"),
+    "failed": ("red", ":material/error:"),
+    "killed": ("red", ":material/cancel:"),
+    "lost": ("orange", ":material/help:"),
+    "interrupted": ("orange", ":material/pause_circle:"),
+}
+#: plain-text marks for table cells (no markdown in dataframe cells)
+STATUS_MARK = {
+    "running": "● running",
+    "completed": "✓ completed",
+    "stopped": "✓ stopped",
+    "failed": "✗ failed",
+    "killed": "✗ killed",
+    "lost": "? lost",
+    "interrupted": "‖ interrupted",
+}
+CLASS_LABEL = {"io": "I/O", "compute": "compute", "memory": "memory", "communication": "comm"}
+CLASS_COLOR = {"io": "orange", "compute": "blue", "memory": "violet", "communication": "green"}
+
+HOW_TO_START = "stepscope run -- python train.py"
+HOW_TO_PROFILE = "stepscope run --profile-at 5 --profile-steps 3 -- python train.py"
+
+
+# -- numbers -------------------------------------------------------------------------
+def _missing(x: Any) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def fmt_s(s: float | None) -> str:
+    """Seconds the way `stepscope show` prints them (µs / ms / s)."""
+    if _missing(s):
+        return "—"
+    if s < 1e-3:
+        return f"{s * 1e6:.0f} µs"
+    if s < 1:
+        return f"{s * 1e3:.1f} ms"
+    return f"{s:.2f} s"
+
+
+def fmt_num(x: float | None) -> str:
+    return "—" if _missing(x) else f"{x:.3g}" if x < 100 else f"{x:,.0f}"
+
+
+def fmt_pct(share: float | None, digits: int = 1) -> str:
+    return "—" if _missing(share) else f"{share * 100:.{digits}f} %"
+
+
+def fmt_bytes(x: float | None, digits: int | None = None) -> str:
+    """Binary units; ``digits`` significant digits for narrow places (metric tiles)."""
+    if _missing(x):
+        return "—"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(x) < 1024 or unit == "TiB":
+            if unit == "B":
+                return f"{x:.0f} B"
+            return f"{x:.{digits}g} {unit}" if digits else f"{x:.1f} {unit}"
+        x /= 1024
+    return "—"  # unreachable: TiB takes everything left
+
+
+def fmt_command(command: Any) -> str:
+    if isinstance(command, list):
+        return shlex.join(str(c) for c in command)
+    return "" if _missing(command) else str(command)
+
+
+def class_label(cls: str) -> str:
+    return CLASS_LABEL.get(cls, cls)
+
+
+# -- widgets ---------------------------------------------------------------------------
+def status_badge(status: str) -> None:
+    colour, icon = STATUS_STYLE.get(status, ("gray", ":material/circle:"))
+    st.badge(status, icon=icon, color=colour)  # type: ignore[arg-type]
+
+
+def query_int(name: str) -> int | None:
+    """An integer query parameter (``?run=3``); None when absent or not a number."""
+    raw = st.query_params.get(name)
+    if raw is None:
+        return None
+    try:
+        return int(str(raw).strip())
+    except ValueError:
+        return None
+
+
+def set_query(**values: int | None) -> None:
+    """Keep the URL in step with what is shown, so the page can be linked to."""
+    for key, value in values.items():
+        if value is None:
+            if key in st.query_params:
+                del st.query_params[key]
+        elif st.query_params.get(key) != str(value):
+            st.query_params[key] = str(value)
+
+
+def fail(message: str) -> NoReturn:
+    """Show one line and end this page's run (never a traceback)."""
+    st.error(message, icon=":material/error:")
+    st.stop()
+
+
+@contextmanager
+def errors_as_one_line() -> Iterator[None]:
+    """Store/trace problems the user can act on end the page with one line."""
+    try:
+        yield
+    except user_errors() as exc:
+        fail(one_line(exc))
+
+
+def guarded(fn: Callable[[], Any]) -> Any:
+    with errors_as_one_line():
+        return fn()
