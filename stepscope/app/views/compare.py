@@ -1,0 +1,181 @@
+"""Compare: two runs side by side (``?a=BASELINE&b=CANDIDATE``).
+
+The headline is the ratio of median step times with a bootstrap interval
+(``optim_runner.stats``), because two single medians of a noisy machine say little on
+their own: a ratio whose interval contains 1 is reported as no measurable change.
+The breakdowns are compared on the same basis for both runs: the trace engine's
+categories when both have a trace, else the step timer's data wait / compute.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from stepscope.analyzers.breakdown import CATEGORIES
+from stepscope.app import charts, data, ui
+from stepscope.optim_runner.stats import speedup_ci, timed_step_times
+
+home = data.store_home()
+st.title("Compare")
+
+with ui.errors_as_one_line():
+    choices = data.run_choices(home)
+if len(choices) < 2:
+    st.info(
+        "Comparing needs two runs; this store has "
+        + ("none yet." if choices.empty else "one.")
+        + " Record the job again with one thing changed, for example:",
+        icon=":material/compare_arrows:",
+    )
+    st.code(
+        "stepscope run -- python train.py\nstepscope run -- python train.py --num-workers 4",
+        language="bash",
+    )
+    st.stop()
+
+ids = [int(i) for i in choices["id"]]
+names = dict(zip(ids, choices["name"], strict=True))
+statuses = dict(zip(ids, choices["status"], strict=True))
+
+
+def _default(key: str, fallback: int) -> int:
+    value = ui.query_int(key)
+    if value is not None and value not in ids:
+        ui.fail(f"no run with id {value} in {home} (?{key}={value})")
+    return fallback if value is None else value
+
+
+b_default = _default("b", ids[0])
+a_default = _default("a", next(i for i in ids if i != b_default))
+
+
+def _label(i: int) -> str:
+    return f"#{i} {names[i]} ({statuses[i]})"
+
+
+c1, c2 = st.columns(2)
+a = c1.selectbox("A: baseline", ids, index=ids.index(a_default), format_func=_label)
+b = c2.selectbox("B: candidate", ids, index=ids.index(b_default), format_func=_label)
+ui.set_query(a=a, b=b)
+if a == b:
+    st.warning("Pick two different runs.", icon=":material/warning:")
+    st.stop()
+
+with ui.errors_as_one_line():
+    da = data.run_data(home, a, data.run_marker(data.run_header(home, a)))
+    db = data.run_data(home, b, data.run_marker(data.run_header(home, b)))
+label_a, label_b = f"A #{a} {names[a]}", f"B #{b} {names[b]}"
+
+# -- speed ------------------------------------------------------------------------------
+ta, tb = timed_step_times(da.steps), timed_step_times(db.steps)
+st.subheader("Speed")
+try:
+    ci = speedup_ci(ta, tb)
+except ValueError as exc:
+    ci = None
+    st.info(f"No speed ratio: {exc} (each run needs at least two timed steps).")
+cols = st.columns(4)
+cols[0].metric("median step A", ui.fmt_s(da.summary["step_time_median_s"]))
+cols[1].metric("median step B", ui.fmt_s(db.summary["step_time_median_s"]))
+if ci is not None:
+    cols[2].metric(
+        "speed-up B vs A",
+        f"{ci.ratio:.2f}x",
+        delta=ci.verdict,
+        delta_color={"faster": "green", "slower": "red"}.get(ci.verdict, "gray"),
+        delta_arrow={"faster": "up", "slower": "down"}.get(ci.verdict, "off"),
+        help="ratio of median step times A/B; > 1 means B is faster",
+    )
+    st.caption(
+        f"{ci.describe()}: bootstrap over {ci.n_baseline} and {ci.n_candidate} timed steps "
+        "(warm-up and profiled steps left out), each run resampled on its own."
+    )
+sa, sb = da.summary["samples_per_s"], db.summary["samples_per_s"]
+cols[3].metric(
+    "samples/s A → B",
+    f"{ui.fmt_num(sa)} → {ui.fmt_num(sb)}",
+    help="throughput over the timed steps, all ranks",
+)
+
+# -- breakdown before / after ------------------------------------------------------------------
+st.subheader("Where the step time goes")
+
+
+def _trace_shares(d: data.RunData) -> dict[str, float] | None:
+    paths, _ = data.trace_files(d)
+    if not paths:
+        return None
+    try:
+        return dict(data.trace_report(data.file_stamp(paths)).breakdown)
+    except data.user_errors() as exc:
+        st.warning(f"run {d.run['id']}: trace not analysed: {data.one_line(exc)}")
+        return None
+
+
+shares_a, shares_b = _trace_shares(da), _trace_shares(db)
+if shares_a is not None and shares_b is not None:
+    st.plotly_chart(
+        charts.breakdown_compare({label_a: shares_a, label_b: shares_b}, CATEGORIES),
+        key="breakdown_compare",
+    )
+    st.caption("From each run's profiler trace (trace engine categories).")
+else:
+    wa, wb = da.summary["data_wait_share"], db.summary["data_wait_share"]
+    if wa is None or wb is None:
+        st.info("Not enough timed steps in one of the runs for a breakdown.")
+    else:
+        basis = {
+            label_a: {"data wait": wa, "compute": 1 - wa},
+            label_b: {"data wait": wb, "compute": 1 - wb},
+        }
+        st.plotly_chart(
+            charts.breakdown_compare(basis, ["data wait", "compute"]), key="breakdown_compare"
+        )
+        st.caption(
+            "From the step timer (data wait / the rest), since "
+            + ("neither run has" if shares_a is None and shares_b is None else "only one run has")
+            + " a profiler trace."
+        )
+
+left, right = st.columns(2)
+with left:
+    st.markdown("**Step-time distributions** (timed steps)")
+    st.plotly_chart(charts.step_time_distributions({label_a: ta, label_b: tb}), key="distributions")
+with right:
+    st.markdown("**Loss**")
+    fig = charts.loss_overlay({label_a: da.steps, label_b: db.steps})
+    if fig is None:
+        st.info("Neither run recorded a loss.")
+    else:
+        st.plotly_chart(fig, key="loss")
+
+st.subheader("System")
+fig = charts.system_timelines(
+    {
+        label_a: (da.samples, float(da.run["started_at"])),
+        label_b: (db.samples, float(db.run["started_at"])),
+    }
+)
+if fig is None:
+    st.info("Neither run has system samples.")
+else:
+    st.plotly_chart(fig, key="system_compare")
+
+# -- what changed -------------------------------------------------------------------------------
+st.subheader("What changed")
+edits = data.command_diff(list(da.run["command"]), list(db.run["command"]))
+if edits:
+    st.markdown("**command**\n" + "\n".join(f"- `{e}`" for e in edits))
+else:
+    st.caption("Same command.")
+for column, what in (
+    ("config", "stepscope options"),
+    ("facts", "the job's settings"),
+    ("device", "device"),
+):
+    diff = data.json_diff(da.run.get(column) or {}, db.run.get(column) or {})
+    if diff.empty:
+        st.caption(f"{column} ({what}): no difference.")
+    else:
+        st.markdown(f"**{column}** ({what})")
+        st.dataframe(diff, hide_index=True)
