@@ -131,9 +131,17 @@ def cmd_runs(as_json: bool) -> int:
 
     with RunStore() as store:
         runs = store.runs()
+        top = store.top_findings()
         rows = []
         for rec in runs.to_dict("records"):
-            rows.append(run_row(store, rec, store.steps(int(rec["id"]))))
+            row = run_row(store, rec, store.steps(int(rec["id"])))
+            finding = top.get(int(rec["id"]))
+            row["top_finding"] = (
+                None
+                if finding is None
+                else {k: finding[k] for k in ("class", "subtype", "title", "share")}
+            )
+            rows.append(row)
     if as_json:
         _print_json(rows)
         return 0
@@ -152,6 +160,7 @@ def cmd_runs(as_json: bool) -> int:
         ("median step", "right"),
         ("started", "left"),
         ("duration", "right"),
+        ("top finding", "left"),
     ):
         table.add_column(col, justify=justify, no_wrap=col in ("started", "status"))  # type: ignore[arg-type]
     for r in rows:
@@ -164,9 +173,20 @@ def cmd_runs(as_json: bool) -> int:
             _fmt_s(r["step_time_median_s"]),
             _fmt_time(r["started_at"], short=True),
             _fmt_s(r["duration_s"], digits=1),
+            _finding_text(r["top_finding"]),
         )
     _console().print(table)
     return 0
+
+
+def _finding_text(finding: dict | None) -> str:
+    """'I/O input_pipeline 84 %', or '' before `stepscope analyze` diagnosed the run."""
+    if not finding:
+        return ""
+    from stepscope.analyzers.diagnosis import CLASS_LABELS
+
+    share = "" if finding["share"] is None else f" {100 * finding['share']:.0f} %"
+    return f"{CLASS_LABELS.get(finding['class'], finding['class'])} {finding['subtype']}{share}"
 
 
 def cmd_show(ref: str, as_json: bool) -> int:
