@@ -151,6 +151,7 @@ def cmd_runs(as_json: bool) -> int:
         _console().print(f"no runs yet in {store.home}: try stepscope run -- python train.py")
         return 0
     table = Table(title=f"runs in {store.home}", title_justify="left")
+    with_findings = any(r["top_finding"] for r in rows)
     for col, justify in (
         ("id", "right"),
         ("name", "left"),
@@ -160,9 +161,14 @@ def cmd_runs(as_json: bool) -> int:
         ("median step", "right"),
         ("started", "left"),
         ("duration", "right"),
-        ("top finding", "left"),
+        *((("top finding", "left"),) if with_findings else ()),
     ):
-        table.add_column(col, justify=justify, no_wrap=col in ("started", "status"))  # type: ignore[arg-type]
+        table.add_column(
+            col,
+            justify=justify,  # type: ignore[arg-type]
+            no_wrap=col in ("started", "status", "name"),
+            overflow="fold" if col == "top finding" else "ellipsis",
+        )
     for r in rows:
         table.add_row(
             str(r["id"]),
@@ -173,7 +179,7 @@ def cmd_runs(as_json: bool) -> int:
             _fmt_s(r["step_time_median_s"]),
             _fmt_time(r["started_at"], short=True),
             _fmt_s(r["duration_s"], digits=1),
-            _finding_text(r["top_finding"]),
+            *((_finding_text(r["top_finding"]),) if with_findings else ()),
         )
     _console().print(table)
     return 0
