@@ -144,17 +144,19 @@ def _kernel_time_share(ev: Evidence, classes: tuple[str, ...]) -> tuple[float, f
         return 0.0, 0.0
     rows = kc[kc["class"].isin(classes)]
     fraction = float(rows["share"].sum())
-    steps = max(1, int(ev.trace.summary["steps"]))
-    ranks = max(1, len(ev.trace.summary.get("ranks") or [0]))
-    mean_step = float(ev.trace.summary["mean_step_ns"]) or 1.0
-    per_step = float(rows["total_ns"].sum()) / ranks / _profiled_steps(ev, steps)
-    return min(1.0, per_step / mean_step), fraction
+    return min(1.0, _per_step(ev, float(rows["total_ns"].sum())) / _mean_step(ev)), fraction
 
 
-def _profiled_steps(ev: Evidence, default: int) -> int:
-    # kernel totals cover the whole trace; the breakdown's steps are the ones it kept
+def _per_step(ev: Evidence, total: float) -> float:
+    """A total over the whole trace (kernel time, kernel count) per step and rank."""
     numbers = ev.trace.summary.get("step_numbers") or []
-    return max(1, len(set(numbers)) or default)
+    steps = max(1, len(set(numbers)) or int(ev.trace.summary["steps"]))
+    ranks = max(1, len(ev.trace.summary.get("ranks") or [0]))
+    return total / steps / ranks
+
+
+def _mean_step(ev: Evidence) -> float:
+    return float(ev.trace.summary["mean_step_ns"]) or 1.0
 
 
 def _cpu_classes(ev: Evidence) -> dict[str, dict[str, float]]:
@@ -237,8 +239,6 @@ def host_overhead(ev: Evidence) -> Finding | None:
         kc = ev.trace.kernel_classes
         count = float(kc["count"].sum()) if not kc.empty else 0.0
         total = float(kc["total_ns"].sum()) if not kc.empty else 0.0
-        steps = _profiled_steps(ev, int(ev.trace.summary["steps"]))
-        ranks = max(1, len(ev.trace.summary.get("ranks") or [0]))
         evidence = [
             _ev(f"GPU busy only {_pct(util)} of the step", util, "trace"),
             _ev(f"host-side time with the GPU idle {_pct(share)}", share, "trace breakdown"),
@@ -251,7 +251,7 @@ def host_overhead(ev: Evidence) -> Finding | None:
         if count:
             evidence.append(
                 _ev(
-                    f"{count / steps / ranks:,.0f} kernels per step, mean {total / count / 1e3:.1f} µs",
+                    f"{_per_step(ev, count):,.0f} kernels per step, mean {total / count / 1e3:.1f} µs",
                     total / count / 1e3,
                     "trace",
                 )
@@ -589,10 +589,7 @@ def sync_time_share(ev: Evidence) -> float:
     syncs = ev.trace.syncs if ev.trace is not None else None
     if syncs is None or syncs.empty:
         return 0.0
-    steps = _profiled_steps(ev, int(ev.trace.summary["steps"]))
-    ranks = max(1, len(ev.trace.summary.get("ranks") or [0]))
-    mean_step = float(ev.trace.summary["mean_step_ns"]) or 1.0
-    return min(1.0, float(syncs["total_ns"].sum()) / steps / ranks / mean_step)
+    return min(1.0, _per_step(ev, float(syncs["total_ns"].sum())) / _mean_step(ev))
 
 
 def waiting_process(ev: Evidence) -> Finding | None:
