@@ -54,7 +54,7 @@ SYSTEM_PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
             ("system.cpu_percent", "machine"),
         ],
     ),
-    ("memory", "bytes", [("proc.rss_bytes", "job RSS"), ("system.mem_used_bytes", "machine used")]),
+    ("memory", "bytes", [("proc.rss_bytes", "job RSS")]),
     (
         "disk",
         "rate",
@@ -214,55 +214,55 @@ def _panels(columns: Sequence[str]) -> list[tuple[str, str, list[tuple[str, str]
 
 
 def system_timelines(
-    sides: Mapping[str, tuple[pd.DataFrame, float]], height_per_panel: int = 170
+    sides: Mapping[str, tuple[pd.DataFrame, float]],
+    compact: bool | None = None,
+    height_per_panel: int = 170,
 ) -> go.Figure | None:
     """CPU, memory, disk and GPU panels on one shared time axis (seconds since start).
 
     ``sides`` maps a label to (wide samples, the run's start time): one entry for a
-    run's page, two for a comparison (overlaid, one colour per run). None when there
-    are no samples at all.
+    run's page, two for a comparison. ``compact`` (the default for two sides) keeps
+    the job's own series only, one colour per run, so two runs overlaid stay readable.
+    Each panel's name and unit is its y-axis title, which leaves the top of the figure
+    to the legend. None when there are no samples at all.
     """
+    compact = len(sides) > 1 if compact is None else compact
     columns: set[str] = set()
     for wide, _ in sides.values():
         columns.update(wide.columns)
     panels = _panels(sorted(columns))
+    if compact:
+        panels = [(title, unit, series[:1]) for title, unit, series in panels]
     if not panels:
         return None
-    fig = make_subplots(
-        rows=len(panels),
-        cols=1,
-        shared_xaxes=True,
-        vertical_spacing=0.04,
-        subplot_titles=[f"{t} ({_UNIT_SCALE[u][1]})" for t, u, _ in panels],
-    )
-    dashes = ("solid", "dot", "dash")
-    for row, (_, unit, series) in enumerate(panels, start=1):
-        scale = _UNIT_SCALE[unit][0]
+    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.03)
+    shown: set[str] = set()
+    for row, (title, unit, series) in enumerate(panels, start=1):
+        scale, unit_label = _UNIT_SCALE[unit]
+        fig.update_yaxes(title_text=f"{title} ({unit_label})", row=row, col=1)
         for side_i, (side, (wide, t0)) in enumerate(sides.items()):
             t = wide.index.to_numpy(dtype=float) - t0
-            for k, (col, label) in enumerate(series):
+            for col, label in series:
                 if col not in wide:
                     continue
                 y = wide[col].to_numpy(dtype=float) / scale
                 ok = np.isfinite(y)
-                name = f"{side} · {label}" if len(sides) > 1 else label
+                name = side if compact else label
                 fig.add_scatter(
                     x=t[ok],
                     y=y[ok],
                     name=name,
                     legendgroup=name,
+                    showlegend=name not in shown,
                     mode="lines",
-                    line={
-                        "color": SIDE_COLORS[side_i % 2] if len(sides) > 1 else None,
-                        "dash": dashes[k % 3] if len(sides) > 1 else "solid",
-                        "width": 1.5,
-                    },
+                    line={"color": SIDE_COLORS[side_i % 2] if compact else None, "width": 1.5},
                     row=row,
                     col=1,
-                    hovertemplate=f"{label}: %{{y:.3g}} {_UNIT_SCALE[unit][1]}<extra>%{{x:.1f}} s</extra>",
+                    hovertemplate=f"{label}: %{{y:.3g}} {unit_label}<extra>{side}</extra>",
                 )
+                shown.add(name)
     fig.update_xaxes(title="seconds since start", row=len(panels), col=1)
-    return _layout(fig, 60 + height_per_panel * len(panels), hovermode="x unified")
+    return _layout(fig, 60 + height_per_panel * len(panels), hovermode="x")
 
 
 def memory_curve_chart(curve: pd.DataFrame) -> go.Figure:
@@ -385,13 +385,20 @@ def loss_overlay(steps: Mapping[str, pd.DataFrame]) -> go.Figure | None:
         if r0.empty:
             continue
         any_loss = True
+        # the first run wide and pale, the second thin and dashed on top: runs with the
+        # same losses (a fix that keeps numerics) must still show both lines
         fig.add_scatter(
             x=r0["step"],
             y=r0["loss"],
             name=side,
             mode="lines+markers",
-            marker={"size": 4, "color": SIDE_COLORS[i % 2]},
-            line={"color": SIDE_COLORS[i % 2]},
+            marker={"size": 7 if i == 0 else 4, "color": SIDE_COLORS[i % 2]},
+            line={
+                "color": SIDE_COLORS[i % 2],
+                "width": 5 if i == 0 else 1.5,
+                "dash": "solid" if i == 0 else "dash",
+            },
+            opacity=0.5 if i == 0 else 1.0,
             hovertemplate="step %{x}: %{y:.4g}<extra>" + side + "</extra>",
         )
     if not any_loss:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -212,46 +213,50 @@ def memory_section(report: Any, stamp: tuple | None) -> None:
 
 
 def kernels_ops_section(report: Any, top: int = 15) -> None:
+    k, o = report.kernels_top, report.ops_top
+    if k.empty:
+        st.caption("No device kernels in the trace (a CPU-only job): operators only.")
+        _ops_table(o, top)
+        return
     left, right = st.columns(2)
     with left:
         st.markdown("**Top kernels** (device time)")
-        k = report.kernels_top
-        if k.empty:
-            st.caption("No device kernels: a CPU-only trace.")
-        else:
-            st.dataframe(
-                pd.DataFrame(
-                    {
-                        "kernel": k["name"],
-                        "class": k["class"],
-                        "calls": k["count"],
-                        "total (ms)": k["total_ns"] / 1e6,
-                        "mean (µs)": k["mean_ns"] / 1e3,
-                        "share (%)": k["share"] * 100,
-                    }
-                ).head(top),
-                hide_index=True,
-                column_config=_number_formats(),
-            )
+        st.dataframe(
+            pd.DataFrame(
+                {
+                    "kernel": k["name"],
+                    "class": k["class"],
+                    "calls": k["count"],
+                    "total (ms)": k["total_ns"] / 1e6,
+                    "mean (µs)": k["mean_ns"] / 1e3,
+                    "share (%)": k["share"] * 100,
+                }
+            ).head(top),
+            hide_index=True,
+            column_config=_number_formats(),
+        )
     with right:
-        st.markdown("**Top operators** (CPU self time)")
-        o = report.ops_top
-        if o.empty:
-            st.caption("No CPU operators in the trace.")
-        else:
-            st.dataframe(
-                pd.DataFrame(
-                    {
-                        "operator": o["name"],
-                        "calls": o["count"],
-                        "self (ms)": o["self_ns"] / 1e6,
-                        "total (ms)": o["total_ns"] / 1e6,
-                        "share (%)": o["share"] * 100,
-                    }
-                ).head(top),
-                hide_index=True,
-                column_config=_number_formats(),
-            )
+        _ops_table(o, top)
+
+
+def _ops_table(o: pd.DataFrame, top: int) -> None:
+    st.markdown("**Top operators** (CPU self time)")
+    if o.empty:
+        st.caption("No CPU operators in the trace.")
+        return
+    st.dataframe(
+        pd.DataFrame(
+            {
+                "operator": o["name"],
+                "calls": o["count"],
+                "self (ms)": o["self_ns"] / 1e6,
+                "total (ms)": o["total_ns"] / 1e6,
+                "share (%)": o["share"] * 100,
+            }
+        ).head(top),
+        hide_index=True,
+        column_config=_number_formats(),
+    )
 
 
 def _number_formats() -> dict[str, Any]:
@@ -376,8 +381,8 @@ def events_section(events: pd.DataFrame) -> None:
     st.dataframe(
         pd.DataFrame(
             {
-                "time": pd.to_datetime(events["t"], unit="s"),
-                "rank": events["rank"],
+                "time": [datetime.fromtimestamp(t) for t in events["t"]],
+                "rank": events["rank"].astype("Int64"),
                 "level": events["level"],
                 "source": events["source"],
                 "message": events["message"],
