@@ -208,8 +208,11 @@ def test_run_page_headline_and_trace_views(home: Path, recorded: dict) -> None:
     downloads = at.get("download_button")
     assert len(downloads) == len(paths) == 1
     assert Path(paths[0]).name in downloads[0].proto.label
-    system = next(sp for sp in specs if "CPU % (%)" in str(sp["layout"].get("annotations")))
+    system = next(sp for sp in specs if "CPU % (%)" in json.dumps(sp["layout"]))
     assert "job RSS" in trace_names(system)  # the memory panel shares the time axis
+    xaxes = [v for k, v in system["layout"].items() if k.startswith("xaxis")]
+    assert len(xaxes) >= 2 and len({a.get("matches") for a in xaxes if "matches" in a}) == 1
+    assert sum("matches" in a for a in xaxes) == len(xaxes) - 1  # one shared time axis
 
 
 def test_run_page_without_trace_uses_the_step_timer(home: Path, recorded: dict) -> None:
