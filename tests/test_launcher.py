@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -229,3 +230,89 @@ def test_completed_job(tmp_path: Path, code: int) -> None:
     run = _last_run()
     assert (run["name"], run["status"], run["exit_code"]) == ("my-run", "completed", 0)
     assert run["error"] is None
+
+
+# -- launch_run: the options experiments use ------------------------------------------
+
+# Starts a child that would outlive it, says so, then hangs.
+HANGING_JOB = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+open(sys.argv[1], "w").write(str(child.pid))
+print("hanging", flush=True)
+time.sleep(600)
+"""
+
+# Prints what an experiment arm passes in: env, cwd, plan file.
+ECHO_JOB = """
+import json, os, sys
+print("cwd", os.getcwd())
+print("var", os.environ.get("SOME_SETTING"))
+plan = os.environ.get("STEPSCOPE_PLAN")
+print("plan", json.load(open(plan)) if plan else None)
+print("to stderr", file=sys.stderr)
+print("stdin", sys.stdin.read() == "")
+"""
+
+
+def test_launch_run_timeout_ends_the_whole_process_group(tmp_path: Path, capfd) -> None:
+    from stepscope.collectors.launcher import launch_run
+
+    job = _write(tmp_path, "hang.py", HANGING_JOB)
+    pid_file = tmp_path / "grandchild.pid"
+    started = time.monotonic()
+    run_id, code = launch_run(
+        [sys.executable, str(job), str(pid_file)], timeout_s=3, output_path="output.log"
+    )
+    assert time.monotonic() - started < 30
+    assert code == 124
+    with RunStore() as store:
+        run = store.run(run_id)
+        log = (store.run_dir(run_id) / "output.log").read_text()
+    assert (run["status"], run["exit_code"]) == ("failed", 124)
+    assert run["error"] == "timed out after 3 s (hang?)"
+    assert run["config"]["timeout_s"] == 3
+    assert "hanging" in log  # the job's output went to the run folder
+    assert "hanging" not in capfd.readouterr().out
+    grandchild = int(pid_file.read_text())
+    assert not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == "zombie"
+
+
+def test_launch_run_options(tmp_path: Path, capfd) -> None:
+    from stepscope.collectors.launcher import launch_run
+
+    job = _write(tmp_path, "echo.py", ECHO_JOB)
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    with RunStore() as store:
+        parent = store.create_run(["python", "base.py"], status="completed")
+    plan = {"fixes": {"dataloader_workers": {"num_workers": 4}}, "seed": 0}
+    run_id, code = launch_run(
+        [sys.executable, str(job)],
+        name="trial",
+        extra_env={"SOME_SETTING": "on", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+        parent_run_id=parent,
+        config={"experiment": 7, "arm": "all"},
+        cwd=workdir,
+        output_path="output.log",
+        quiet=True,
+        plan=plan,
+    )
+    assert code == 0
+    captured = capfd.readouterr()
+    assert "stepscope:" not in captured.err  # quiet
+    assert "to stderr" not in captured.err
+    with RunStore() as store:
+        run = store.run(run_id)
+        run_dir = store.run_dir(run_id)
+    lines = (run_dir / "output.log").read_text().splitlines()
+    assert f"cwd {workdir}" in lines
+    assert "var on" in lines
+    assert "to stderr" in lines
+    assert "stdin True" in lines  # stdin closed: a background job never reads the terminal
+    assert f"plan {plan}" in lines
+    assert json.loads((run_dir / "plan.json").read_text()) == plan
+    assert (run["name"], run["status"], run["parent_run_id"]) == ("trial", "completed", parent)
+    assert run["cwd"] == str(workdir)
+    assert run["config"]["experiment"] == 7 and run["config"]["arm"] == "all"
+    assert run["env"]["vars"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"

@@ -17,11 +17,19 @@ Signals, and why they are handled this way:
   forwarded to the job, which would otherwise be orphaned and keep running.
 * The sampler runs in its own session, so Ctrl-C does not kill it before it flushes;
   it stops on its own when the job's process is gone, or on the SIGTERM sent here.
+
+Experiments (``optim_runner.experiment``) launch many bounded trial runs through
+``launch_run``, with options ``stepscope run`` does not need: the job's output goes to a
+log in the run folder (a table of trials, not interleaved job output, is what the user
+follows), and a timeout catches a candidate that hangs. A job with a timeout runs in its
+own session, so that killing its process group also kills its DataLoader workers; it
+then no longer gets Ctrl-C from the terminal, so the launcher forwards SIGINT itself.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import platform
 import signal
@@ -29,9 +37,12 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from stepscope.collectors.contract import ENV_PLAN
 
 # Environment variables that change how a PyTorch job performs or distributes itself;
 # recorded so that two runs can be compared. Nothing else from the environment is
@@ -58,8 +69,11 @@ RELEVANT_ENV = (
     "CONDA_DEFAULT_ENV",
 )
 SAMPLER_STOP_TIMEOUT_S = 5.0
+TERM_GRACE_S = 5.0  # a timed-out job's group gets this long after SIGTERM, then SIGKILL
 EXIT_NOT_FOUND = 127
 EXIT_NOT_EXECUTABLE = 126
+EXIT_TIMED_OUT = 124  # what timeout(1) returns
+PLAN_FILENAME = "plan.json"
 
 
 def launch(
@@ -72,33 +86,88 @@ def launch(
     sample_interval: float = 0.5,
 ) -> int:
     """Run ``command`` under stepscope; returns its exit code as a shell would report it."""
+    return launch_run(
+        command,
+        name=name,
+        max_steps=max_steps,
+        profile_at=profile_at,
+        profile_steps=profile_steps,
+        sample_interval=sample_interval,
+    )[1]
+
+
+def launch_run(
+    command: Sequence[str],
+    *,
+    name: str | None = None,
+    max_steps: int | None = None,
+    profile_at: int | None = None,
+    profile_steps: int | None = None,
+    sample_interval: float = 0.5,
+    home: str | os.PathLike[str] | None = None,
+    extra_env: Mapping[str, str] | None = None,
+    parent_run_id: int | None = None,
+    config: Mapping[str, Any] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    output_path: str | os.PathLike[str] | None = None,
+    timeout_s: float | None = None,
+    quiet: bool = False,
+    plan: Mapping[str, Any] | None = None,
+) -> tuple[int, int]:
+    """Run ``command`` under stepscope; returns (run id, exit code).
+
+    ``extra_env`` is added to the job's environment (a plan file, an allocator setting);
+    ``config`` entries are added to the run's recorded config (an experiment's arm);
+    ``cwd`` is where the job runs (default: here); ``output_path`` sends the job's stdout
+    and stderr to that file (relative: inside the run folder) with stdin closed;
+    ``timeout_s`` ends a job still running after that long, process group and all, as
+    ``failed`` with exit code 124 (timeout(1)'s); ``quiet`` drops the launcher's lines;
+    ``plan``: fixes for the bootstrap to apply (shape in ``contract.py``), written to
+    ``plan.json`` in the run folder, where it stays as the record of what was asked.
+    """
     from stepscope.store import RunStore
 
     command = list(command)
-    store = RunStore()
-    config = {
+    store = RunStore(home)
+    run_config: dict[str, Any] = {
         "max_steps": max_steps,
         "profile_at": profile_at,
         "profile_steps": profile_steps if profile_at is not None else None,
         "sample_interval": sample_interval,
     }
+    if timeout_s is not None:
+        run_config["timeout_s"] = timeout_s
+    run_config.update(config or {})
+    job = _JobOptions(
+        extra_env=dict(extra_env or {}),
+        cwd=str(Path(cwd).resolve()) if cwd is not None else os.getcwd(),
+        output_path=output_path,
+        timeout_s=timeout_s,
+        quiet=quiet,
+    )
     run_id = store.create_run(
         command,
         name=name,
-        cwd=os.getcwd(),
+        cwd=job.cwd,
         pid=os.getpid(),
         pid_started_at=_own_create_time(),
         max_steps=max_steps,
-        env=env_summary(),
-        config=config,
+        env=env_summary(job.extra_env),
+        config=run_config,
+        parent_run_id=parent_run_id,
     )
     run_dir = store.run_dir(run_id)
-    _say(f"recording run {run_id} ({store.run(run_id)['name']}) in {store.home}")
+    if plan is not None:
+        plan_path = run_dir / PLAN_FILENAME
+        plan_path.write_text(json.dumps(plan, indent=1))
+        job.extra_env[ENV_PLAN] = str(plan_path)
+    if not quiet:
+        _say(f"recording run {run_id} ({store.run(run_id)['name']}) in {store.home}")
 
-    signals = _SignalState()
+    signals = _SignalState(own_group=job.own_group)
     signals.install()
     try:
-        return _run(store, run_id, run_dir, command, config, signals)
+        return run_id, _run(store, run_id, run_dir, command, run_config, signals, job)
     except BaseException as exc:
         # a launcher bug must still leave a final status, not a run 'running' forever
         store.finish_run(run_id, "failed", error=f"stepscope launcher error: {_one_line(exc)}")
@@ -108,6 +177,23 @@ def launch(
         store.close()
 
 
+@dataclass
+class _JobOptions:
+    """How the job is started beyond its command (see ``launch_run``)."""
+
+    extra_env: dict[str, str]
+    cwd: str
+    output_path: str | os.PathLike[str] | None
+    timeout_s: float | None
+    quiet: bool
+
+    @property
+    def own_group(self) -> bool:
+        # Only a job we may have to kill as a whole, or one detached from the terminal,
+        # leaves the terminal's process group (where Ctrl-C reaches it directly).
+        return self.timeout_s is not None or self.output_path is not None
+
+
 def _run(
     store: Any,
     run_id: int,
@@ -115,31 +201,87 @@ def _run(
     command: list[str],
     config: dict[str, Any],
     signals: _SignalState,
+    job: _JobOptions,
 ) -> int:
-    env = _job_env(store, run_id, run_dir, config)
+    env = _job_env(store, run_id, run_dir, config, job.quiet)
+    env.update(job.extra_env)
     if signals.received is not None:  # stopped before the job even started
         store.finish_run(run_id, "interrupted", 128 + signals.received, error="interrupted")
         return 128 + signals.received
-    try:
-        child = subprocess.Popen(command, env=env)
-    except FileNotFoundError:
-        return _not_started(store, run_id, command, EXIT_NOT_FOUND, "command not found")
-    except PermissionError:
-        return _not_started(store, run_id, command, EXIT_NOT_EXECUTABLE, "permission denied")
-    except OSError as exc:
-        return _not_started(store, run_id, command, EXIT_NOT_EXECUTABLE, exc.strerror or str(exc))
+    if not os.path.isdir(job.cwd):  # Popen would blame the command for it
+        error = f"working directory not found: {job.cwd}"
+        store.finish_run(run_id, "failed", EXIT_NOT_FOUND, error=error)
+        if not job.quiet:
+            _say(error)
+        return EXIT_NOT_FOUND
+    with contextlib.ExitStack() as stack:
+        io: dict[str, Any] = {}
+        if job.output_path is not None:
+            path = run_dir / job.output_path  # an absolute path stays as it is
+            path.parent.mkdir(parents=True, exist_ok=True)
+            io = {
+                "stdin": subprocess.DEVNULL,
+                "stdout": stack.enter_context(open(path, "ab")),  # noqa: SIM115
+                "stderr": subprocess.STDOUT,
+            }
+        try:
+            child = subprocess.Popen(
+                command, env=env, cwd=job.cwd, start_new_session=job.own_group, **io
+            )
+        except FileNotFoundError:
+            return _not_started(store, run_id, command, EXIT_NOT_FOUND, "command not found", job)
+        except PermissionError:
+            return _not_started(
+                store, run_id, command, EXIT_NOT_EXECUTABLE, "permission denied", job
+            )
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+            return _not_started(store, run_id, command, EXIT_NOT_EXECUTABLE, why, job)
     signals.child = child
     if signals.forward_pending is not None:  # SIGTERM arrived while starting
-        _forward(child, signals.forward_pending)
+        _forward(child, signals.forward_pending, signals.own_group)
 
     sampler = _start_sampler(store, run_id, child.pid, float(config["sample_interval"]))
-    returncode = child.wait()
+    timed_out = False
+    try:
+        returncode = child.wait(timeout=job.timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        returncode = _end_group(child)
     _stop_sampler(sampler)
     _remove_if_empty(run_dir / "sampler.log")
-    return _finalise(store, run_id, returncode, signals)
+    if timed_out:
+        return _timed_out(store, run_id, job)
+    return _finalise(store, run_id, returncode, signals, job.quiet)
 
 
-def _finalise(store: Any, run_id: int, returncode: int, signals: _SignalState) -> int:
+def _end_group(child: subprocess.Popen) -> int:
+    """Stop a job that outlived its timeout: SIGTERM to its group, SIGKILL if it lingers.
+
+    The group, not the process: a hung job's DataLoader workers would otherwise be left
+    holding cores (and shared memory) for the rest of the experiment.
+    """
+    for sig, grace in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, None)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, sig)
+        try:
+            return child.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            continue
+    return child.wait()
+
+
+def _timed_out(store: Any, run_id: int, job: _JobOptions) -> int:
+    error = f"timed out after {job.timeout_s:g} s (hang?)"
+    store.finish_run(run_id, "failed", EXIT_TIMED_OUT, error=error)
+    if not job.quiet:
+        _say(f"run {run_id} {error}")
+    return EXIT_TIMED_OUT
+
+
+def _finalise(
+    store: Any, run_id: int, returncode: int, signals: _SignalState, quiet: bool = False
+) -> int:
     """Turn how the job ended into a run status; the job's own error line is kept."""
     run = store.run(run_id)
     exit_code = 128 - returncode if returncode < 0 else returncode
@@ -176,18 +318,24 @@ def _finalise(store: Any, run_id: int, returncode: int, signals: _SignalState) -
     ranks = steps["rank"].nunique() if len(steps) else 0
     counted = f"{len(steps)} steps" if ranks <= 1 else f"{len(steps)} steps over {ranks} ranks"
     how = status if status in ("completed", "stopped") else f"{status} (exit code {exit_code})"
-    _say(f"run {run_id} {how}, {counted} — stepscope show {run_id}")
+    if not quiet:
+        _say(f"run {run_id} {how}, {counted} — stepscope show {run_id}")
     return exit_code
 
 
-def _not_started(store: Any, run_id: int, command: list[str], code: int, why: str) -> int:
+def _not_started(
+    store: Any, run_id: int, command: list[str], code: int, why: str, job: _JobOptions
+) -> int:
     error = f"{why}: {command[0]}"
     store.finish_run(run_id, "failed", code, error=error)
-    _say(error)
+    if not job.quiet:
+        _say(error)
     return code
 
 
-def _job_env(store: Any, run_id: int, run_dir: Path, config: dict[str, Any]) -> dict[str, str]:
+def _job_env(
+    store: Any, run_id: int, run_dir: Path, config: dict[str, Any], quiet: bool = False
+) -> dict[str, str]:
     """The job's environment with the bootstrap in; the plain environment if that fails.
 
     The job must never be broken by stepscope: if the environment cannot be prepared,
@@ -207,7 +355,8 @@ def _job_env(store: Any, run_id: int, run_dir: Path, config: dict[str, Any]) -> 
     except Exception as exc:
         message = f"cannot inject the step collectors ({_one_line(exc)}); steps are not recorded"
         store.log_event(run_id, "error", "launcher", message)
-        _say(message)
+        if not quiet:
+            _say(message)
         return dict(os.environ)
 
 
@@ -273,11 +422,16 @@ def _remove_if_empty(path: Path) -> None:
 
 
 class _SignalState:
-    """What the launcher was told while the job ran, and the handlers that record it."""
+    """What the launcher was told while the job ran, and the handlers that record it.
+
+    ``own_group``: the job runs in its own session (see ``_JobOptions``), so Ctrl-C
+    does not reach it from the terminal and is forwarded like SIGTERM, to its group.
+    """
 
     FORWARDED = ("SIGTERM", "SIGHUP")
 
-    def __init__(self) -> None:
+    def __init__(self, own_group: bool = False) -> None:
+        self.own_group = own_group
         self.received: int | None = None
         self.child: subprocess.Popen | None = None
         self.forward_pending: int | None = None
@@ -298,23 +452,31 @@ class _SignalState:
     def _handle(self, signum: int, frame: Any) -> None:
         if self.received is None or signum != signal.SIGINT:
             self.received = signum
-        if signum == signal.SIGINT:
+        if signum == signal.SIGINT and not self.own_group:
             return  # the terminal delivered it to the job as well
         if self.child is None:
             self.forward_pending = signum
         else:
-            _forward(self.child, signum)
+            _forward(self.child, signum, self.own_group)
 
 
-def _forward(child: subprocess.Popen, signum: int) -> None:
+def _forward(child: subprocess.Popen, signum: int, group: bool = False) -> None:
     if child.returncode is not None:
         return
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(child.pid, signum)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if group:
+            os.killpg(child.pid, signum)
+        else:
+            os.kill(child.pid, signum)
 
 
-def env_summary() -> dict[str, Any]:
-    """What about this machine and environment can change a job's speed."""
+def env_summary(extra_env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """What about this machine and environment can change a job's speed.
+
+    ``extra_env``: variables the launcher adds to the job's environment; they are part
+    of what the job ran with, so the relevant ones are recorded too.
+    """
+    merged = {**os.environ, **(extra_env or {})}
     return {
         "python": platform.python_version(),
         "python_executable": sys.executable,
@@ -323,7 +485,7 @@ def env_summary() -> dict[str, Any]:
         "hostname": socket.gethostname(),
         "cpu_count": os.cpu_count(),
         "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "vars": {k: os.environ[k] for k in RELEVANT_ENV if k in os.environ},
+        "vars": {k: merged[k] for k in RELEVANT_ENV if k in merged},
     }
 
 
@@ -352,4 +514,4 @@ def _say(message: str) -> None:
     print(f"stepscope: {message}", file=sys.stderr, flush=True)
 
 
-__all__ = ["env_summary", "launch"]
+__all__ = ["env_summary", "launch", "launch_run"]

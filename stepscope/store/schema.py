@@ -13,6 +13,7 @@ SCHEMA_VERSION = 2
 # Statuses a run can have. "running" is the only non-final one; a run whose launcher
 # vanished without finalising is turned into "lost" on the next read.
 RUN_STATUSES = ("running", "completed", "failed", "stopped", "interrupted", "killed", "lost")
+EXPERIMENT_STATUSES = ("running", "completed", "failed")
 
 DDL = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -103,6 +104,27 @@ CREATE TABLE IF NOT EXISTS findings (
     created_at  REAL NOT NULL,
     PRIMARY KEY (run_id, position)
 );
+
+-- Experiments (`stepscope optimize`): a baseline re-run beside candidates with fixes
+-- applied. The trial runs are ordinary runs (parent_run_id = the baseline, their arm
+-- in config); this row holds what ties them together. ``progress`` is rewritten as
+-- each trial starts and ends, so a dashboard can poll it; ``pid`` lets a reader tell
+-- a running experiment from one whose process was killed (as for runs).
+CREATE TABLE IF NOT EXISTS experiments (
+    id               INTEGER PRIMARY KEY AUTOINCREMENT,
+    baseline_run_id  INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    status           TEXT NOT NULL DEFAULT 'running',  -- 'running' | 'completed' | 'failed'
+    error            TEXT,                   -- one line: why it failed
+    created_at       REAL NOT NULL,
+    ended_at         REAL,
+    host             TEXT NOT NULL,
+    pid              INTEGER,                -- the process running it (liveness check)
+    pid_started_at   REAL,
+    config           TEXT NOT NULL DEFAULT '{}',  -- JSON: fixes, steps, trials, timeout, ...
+    progress         TEXT NOT NULL DEFAULT '{}',  -- JSON: done/total trials, current arm
+    result           TEXT NOT NULL DEFAULT '{}'   -- JSON: candidates, best, predicted vs measured
+);
+CREATE INDEX IF NOT EXISTS experiments_baseline ON experiments(baseline_run_id);
 """
 
 # version -> SQL that upgrades from version-1. New tables need no entry (the DDL
