@@ -69,6 +69,30 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-save", action="store_true", help="do not save the findings of runs to the store"
     )
 
+    opt = sub.add_parser(
+        "optimize",
+        help="re-run a run with fixes applied and measure the gain",
+        description="Re-run the run's command as a baseline and with the recommended fixes "
+        "(together and one by one), interleaved, and report each fix's measured speed-up "
+        "with a 95 %% confidence interval and whether the loss stayed the same.",
+    )
+    opt.add_argument("run", help="run id, name, or 'last'")
+    opt.add_argument("--fixes", metavar="ID,...", help="fixes to try (default: recommended)")
+    opt.add_argument("--steps", type=int, default=30, help="steps per trial (default 30)")
+    opt.add_argument("--trials", type=int, default=3, help="trials per arm (default 3)")
+    opt.add_argument(
+        "--timeout",
+        type=float,
+        metavar="S",
+        help="seconds before a trial counts as hung (default: 5x the baseline, >= 60)",
+    )
+    opt.add_argument(
+        "--allow-numerics",
+        action="store_true",
+        help="also try fixes that change what the model computes (e.g. larger_batch)",
+    )
+    opt.add_argument("--json", action="store_true", help="print JSON")
+
     dash = sub.add_parser("dashboard", help="open the dashboard in the browser (Streamlit)")
     dash.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     dash.add_argument("--port", type=int, default=8501, help="port (default 8501)")
@@ -122,6 +146,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             from stepscope.app.cli_analyze import cmd_analyze
 
             return cmd_analyze(args.paths, as_json=args.json, top=args.top, save=not args.no_save)
+        if args.verb == "optimize":
+            from stepscope.app.cli_optimize import cmd_optimize
+
+            return cmd_optimize(
+                args.run,
+                fixes=args.fixes,
+                steps=args.steps,
+                trials=args.trials,
+                timeout=args.timeout,
+                allow_numerics=args.allow_numerics,
+                as_json=args.json,
+            )
         if args.verb == "dashboard":
             from stepscope.app.cli_dashboard import cmd_dashboard
 

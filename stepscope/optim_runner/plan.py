@@ -1,0 +1,389 @@
+"""Which fixes an experiment tries on a run, and with which parameters.
+
+The diagnosis says *what* to fix; applying a fix needs numbers (how many DataLoader
+workers, how many threads), and the right numbers depend on the job. They are chosen
+here from what the baseline run recorded, with the reason kept beside each value so
+the report can say why 4 workers and not 2. The experiment then measures whether the
+choice pays; nothing here claims a gain.
+
+Decisions, and why:
+
+* **Which fixes.** The ``auto`` fixes the run's findings recommend (the saved findings,
+  or a fresh diagnosis when the run was never diagnosed). A fix that needs consent
+  (``larger_batch``: it changes what an optimizer step sees) is left out unless the
+  user allows numerics to change. Fixes that change numerics without needing consent
+  (bf16 autocast, TF32) are tried: the experiment's quality guard checks the loss.
+* **DataLoader workers.** A loader whose ``__getitem__`` waits on storage or the network
+  leaves the CPU idle while it waits, so more workers than cores overlap the waits:
+  2x the cores, capped at 8 (beyond that, start-up time and memory grow faster than
+  the overlap). A loader that decodes and augments on the CPU gets one worker per core:
+  more would only time-slice the same cores. Which of the two it is comes from the
+  baseline's samples: the process tree's CPU while the loop waits for data (below).
+* **Prefetch** 4 batches per worker: twice torch's default, enough to absorb latency
+  spikes without holding many batches in memory.
+* **CPU threads.** Tiny ops (host overhead) pay for waking intra-op threads: 1 thread.
+  Otherwise the loader's CPU-busy workers get their cores and the model the rest.
+* **Seed.** Every arm of an experiment gets the same seed, so that losses can be
+  compared step by step by the quality guard.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from stepscope.optim_runner import catalog
+
+PREFETCH_FACTOR = 4
+IO_WORKERS_PER_CORE = 2
+MAX_WORKERS = 8
+# A loading process below half a core while the loop waits for it is waiting itself (the
+# same threshold as the diagnosis's "waiting process" rule).
+LOADER_BUSY_PERCENT = 50.0
+# ... and one that uses less than 60 % of the CPU the model's work gets beside it.
+WAIT_TO_WORK_RATIO = 0.6
+# Doubling DDP's 25 MB default halves the number of all-reduce calls; latency-bound links
+# (gloo, Ethernet) gain most, and the buckets stay small enough to overlap with backward.
+DDP_BUCKET_CAP_MB = 50
+# Twice the samples per step: enough to halve per-step fixed costs, small enough that
+# the same learning rate usually still trains (the report carries the lr note).
+LARGER_BATCH_FACTOR = 2
+# Regression of CPU on data-wait share needs windows that differ in their wait share.
+MIN_WINDOWS = 4
+MIN_WAIT_SPREAD = 0.05
+
+# Fixes that act on something another fix creates: persistent workers and prefetching
+# mean nothing to a loader without workers. Their ablation arm includes the other fix.
+NEEDS = {"persistent_workers": "dataloader_workers", "prefetch_factor": "dataloader_workers"}
+
+# Fixes applied through the job's environment by the runner, not by the bootstrap: the
+# CUDA allocator reads its configuration once, before the bootstrap could change it.
+ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+ENV_FIXES = {"expandable_segments": (ALLOC_CONF, "expandable_segments:True")}
+
+
+@dataclass
+class PlannedFix:
+    """One fix an experiment tries, with its parameters and the diagnosis's prediction."""
+
+    id: str
+    params: dict[str, Any] = field(default_factory=dict)
+    why_params: str = ""
+    predicted_speedup: float | None = None  # upper bound from the finding's share
+    basis: str | None = None
+    finding: str | None = None  # 'class/subtype' of the finding that recommended it
+    changes_numerics: bool = False
+    needs_consent: bool = False
+    needs: str | None = None  # a fix of the same plan it needs to do anything
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "params": self.params,
+            "why_params": self.why_params,
+            "predicted_speedup": self.predicted_speedup,
+            "basis": self.basis,
+            "finding": self.finding,
+            "changes_numerics": self.changes_numerics,
+            "needs_consent": self.needs_consent,
+            "needs": self.needs,
+        }
+
+
+@dataclass(frozen=True)
+class LoaderWait:
+    """What the loop waits on when it waits for data: 'io', 'cpu' or 'unknown'."""
+
+    kind: str
+    cpu_percent: float | None  # the process tree's CPU while the loop waits
+    basis: str
+
+
+# -- which fixes -------------------------------------------------------------------------
+def recommended(store: Any, run_id: int) -> list[dict[str, Any]]:
+    """The run's recommended fixes over all findings, one entry per fix id.
+
+    A fix recommended by several findings keeps its highest predicted bound (the most
+    it could give) and names that finding.
+    """
+    findings = store.findings(run_id)
+    if not findings:
+        from stepscope.analyzers.diagnosis import diagnose_run
+
+        diagnose_run(store, run_id)
+        findings = store.findings(run_id)
+    best: dict[str, dict[str, Any]] = {}
+    for finding in findings:
+        for fix in finding.get("fixes") or []:
+            entry = dict(fix, finding=f"{finding['class']}/{finding['subtype']}")
+            known = best.get(fix["id"])
+            if known is None or (entry.get("predicted_speedup") or 0) > (
+                known.get("predicted_speedup") or 0
+            ):
+                best[fix["id"]] = entry
+    return list(best.values())
+
+
+def choose_fixes(
+    store: Any,
+    run_id: int,
+    fix_ids: list[str] | None = None,
+    allow_numerics: bool = False,
+) -> list[PlannedFix]:
+    """The fixes to try on ``run_id`` with their parameters.
+
+    ``fix_ids``: the user's choice (validated against the catalog: an unknown id, a fix
+    that needs a code change, or one that needs consent without ``allow_numerics`` is a
+    ValueError); by default the recommended auto fixes.
+    """
+    recs = {r["id"]: r for r in recommended(store, run_id)}
+    if fix_ids is None:
+        ids = [
+            r["id"]
+            for r in recs.values()
+            if r.get("auto") and (allow_numerics or not r.get("needs_consent"))
+        ]
+    else:
+        ids = list(dict.fromkeys(fix_ids))
+        for fix_id in ids:
+            try:
+                fix = catalog.get(fix_id)
+            except KeyError as exc:
+                raise ValueError(exc.args[0]) from None
+            if not fix.auto:
+                raise ValueError(f"{fix_id} is advice only (it needs a change to the code)")
+            if fix.needs_consent and not allow_numerics:
+                raise ValueError(
+                    f"{fix_id} changes what the model computes; allow it explicitly "
+                    "(--allow-numerics)"
+                )
+    run = store.run(run_id)
+    context = _Context(store, run_id, run, ids)
+    planned = []
+    for fix_id in ids:
+        fix = catalog.get(fix_id)
+        rec = recs.get(fix_id, {})
+        params, why = choose_params(fix_id, context, rec.get("finding"))
+        needs = NEEDS.get(fix_id)
+        planned.append(
+            PlannedFix(
+                id=fix_id,
+                params=params,
+                why_params=why,
+                predicted_speedup=rec.get("predicted_speedup"),
+                basis=rec.get("basis"),
+                finding=rec.get("finding"),
+                changes_numerics=fix.changes_numerics,
+                needs_consent=fix.needs_consent,
+                needs=needs if needs in ids and not context.loader_has_workers else None,
+            )
+        )
+    return planned
+
+
+# -- parameters --------------------------------------------------------------------------
+class _Context:
+    """What the parameter choices read about the run, computed once and only if needed."""
+
+    def __init__(self, store: Any, run_id: int, run: dict[str, Any], ids: list[str]) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.run = run
+        self.ids = ids
+        self.cores = job_cores(run)
+        loaders = (run.get("facts") or {}).get("dataloaders") or []
+        self.loader_workers = max((int(ld.get("num_workers") or 0) for ld in loaders), default=0)
+        self.loader_has_workers = self.loader_workers > 0
+        self._wait: LoaderWait | None = None
+
+    @property
+    def wait(self) -> LoaderWait:
+        if self._wait is None:
+            self._wait = loader_wait(
+                self.store.steps(self.run_id),
+                self.store.samples(self.run_id),
+                max(1, self.loader_workers),
+            )
+        return self._wait
+
+    def planned_workers(self) -> int:
+        return choose_num_workers(self.cores, self.wait.kind)
+
+
+def choose_params(fix_id: str, ctx: _Context, finding: str | None) -> tuple[dict[str, Any], str]:
+    """(parameters for the plan file, why these values) for one fix."""
+    if fix_id == "dataloader_workers":
+        workers = ctx.planned_workers()
+        return {"num_workers": workers}, _workers_why(workers, ctx.cores, ctx.wait)
+    if fix_id == "prefetch_factor":
+        return {"prefetch_factor": PREFETCH_FACTOR}, "twice torch's default of 2 per worker"
+    if fix_id == "cpu_threads":
+        busy = 0
+        if "dataloader_workers" in ctx.ids and ctx.wait.kind != "io":
+            busy = ctx.planned_workers()
+        threads, why = choose_threads(ctx.cores, finding, busy)
+        return {"threads": threads}, why
+    if fix_id == "ddp_bucket_cap":
+        return {"bucket_cap_mb": DDP_BUCKET_CAP_MB}, "twice DDP's 25 MB: half the all-reduces"
+    if fix_id == "larger_batch":
+        return {"factor": LARGER_BATCH_FACTOR}, "twice the samples per step"
+    return {}, ""
+
+
+def choose_num_workers(cores: int, wait_kind: str) -> int:
+    """Workers for a loader: overlap waits (2x cores, max 8), or one per core for CPU work."""
+    cores = max(1, cores)
+    if wait_kind == "io":
+        return min(MAX_WORKERS, IO_WORKERS_PER_CORE * cores)
+    return min(MAX_WORKERS, cores)
+
+
+def choose_threads(cores: int, finding: str | None, busy_workers: int) -> tuple[int, str]:
+    """Intra-op threads: 1 for tiny ops, else the cores the loader's workers leave free."""
+    if finding == "compute/host_overhead":
+        return 1, "tiny ops: waking intra-op threads costs more than they give"
+    if busy_workers:
+        threads = max(1, cores - busy_workers)
+        return threads, f"{cores} cores minus {busy_workers} CPU-busy DataLoader workers"
+    threads = max(1, cores // 2)
+    return threads, f"half of {cores} cores: tests whether the threads contend (measured)"
+
+
+def _workers_why(workers: int, cores: int, wait: LoaderWait) -> str:
+    if wait.kind == "io":
+        return f"{workers} = 2 x {cores} cores (max {MAX_WORKERS}): {wait.basis}"
+    if wait.kind == "cpu":
+        return f"{workers} = one per core: {wait.basis}"
+    return f"{workers} = one per core ({wait.basis})"
+
+
+def job_cores(run: dict[str, Any]) -> int:
+    """Cores the job may use: its CPU affinity when recorded, else the machine's count."""
+    env = run.get("env") or {}
+    device = run.get("device") or {}
+    for value in (env.get("cpu_affinity"), device.get("cpu_count"), env.get("cpu_count")):
+        if value:
+            return int(value)
+    import os
+
+    return os.cpu_count() or 1
+
+
+# -- I/O or CPU: what the loop waits on --------------------------------------------------
+def loader_wait(steps: pd.DataFrame, samples: pd.DataFrame, loaders: int = 1) -> LoaderWait:
+    """Is the data the loop waits for held up by CPU work or by waiting (I/O, latency)?
+
+    The step timer says how long each step waited for data; the sampler says how busy
+    the process tree was over each sampling window. Regressing the CPU of each window on
+    the share of it spent waiting for data gives the CPU while waiting (the fit at a
+    share of 1), and the CPU while computing (at 0). Loading is waiting when it uses
+    less than half a core per loading process (``loaders``: the main process, or the
+    workers) *and* clearly less than the model's own work does: on a contended machine
+    a CPU-bound loader gets less than a core, but no less than the model beside it.
+    Without enough windows, a run that waits most of its time while using less than
+    half a core is waiting too.
+    """
+    fit = _cpu_fit(steps, samples)
+    if fit is not None:
+        cpu, computing = fit
+        per_loader = cpu / max(1, loaders)
+        waiting = per_loader < LOADER_BUSY_PERCENT and cpu < WAIT_TO_WORK_RATIO * computing
+        kind = "io" if waiting else "cpu"
+        what = "waiting (I/O, latency)" if kind == "io" else "CPU work"
+        basis = (
+            f"the process tree used {cpu:.0f} % CPU while the loop waited for data, "
+            f"so the loading is {what}"
+        )
+        return LoaderWait(kind, cpu, basis)
+    if steps.empty or samples.empty:
+        return LoaderWait("unknown", None, "no step or CPU samples to tell I/O from CPU work")
+    times = (steps["end_s"] - steps["start_s"]).sum()
+    wait_share = float(steps["data_wait_s"].fillna(0).sum() / times) if times > 0 else 0.0
+    proc = samples[(samples["scope"] == "proc") & (samples["metric"] == "cpu_percent")]
+    mean_cpu = float(proc["value"].mean()) if len(proc) else math.nan
+    if wait_share >= 0.5 and mean_cpu < LOADER_BUSY_PERCENT:
+        basis = f"the loop waits {wait_share:.0%} of the time at {mean_cpu:.0f} % CPU"
+        return LoaderWait("io", None, basis)
+    return LoaderWait("unknown", None, "too few samples to tell I/O from CPU work")
+
+
+def _cpu_fit(steps: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, float] | None:
+    """CPU % of the process tree (waiting for data, computing); None when it cannot be fit.
+
+    A step waits for data at its start (the loader is asked for the next batch right
+    after the previous optimizer step), so the wait interval of each step is taken as
+    [start, start + data_wait]. Rank 0's steps stand for the job.
+    """
+    if steps.empty or samples.empty or "data_wait_s" not in steps:
+        return None
+    rank0 = steps[steps["rank"] == steps["rank"].min()].sort_values("step")
+    wait_start = rank0["start_s"].to_numpy(dtype=float)
+    wait_end = wait_start + rank0["data_wait_s"].fillna(0.0).to_numpy(dtype=float)
+    first, last = float(rank0["end_s"].iloc[0]), float(rank0["end_s"].iloc[-1])
+    proc = samples[(samples["scope"] == "proc") & (samples["metric"] == "cpu_percent")]
+    proc = proc.dropna(subset=["value"]).sort_values("t")
+    t = proc["t"].to_numpy(dtype=float)
+    cpu = proc["value"].to_numpy(dtype=float)
+    shares, values = [], []
+    for i in range(1, len(t)):
+        lo, hi = t[i - 1], t[i]
+        if lo < first or hi > last or hi <= lo:
+            continue  # start-up (imports) and shut-down are not loading
+        overlap = np.clip(np.minimum(wait_end, hi) - np.maximum(wait_start, lo), 0.0, None)
+        shares.append(float(overlap.sum()) / (hi - lo))
+        values.append(cpu[i])
+    if len(shares) < MIN_WINDOWS or float(np.std(shares)) < MIN_WAIT_SPREAD:
+        return None
+    slope, intercept = np.polyfit(np.asarray(shares), np.asarray(values), 1)
+    return max(0.0, float(intercept + slope)), max(0.0, float(intercept))
+
+
+# -- what the job gets -------------------------------------------------------------------
+def plan_document(
+    fixes: list[PlannedFix], seed: int | None = 0, override_explicit: bool = False
+) -> dict[str, Any]:
+    """The plan file for one arm (shape: ``collectors/contract.py``).
+
+    Fixes applied through the environment are left out: the bootstrap cannot apply them.
+    """
+    return {
+        "fixes": {f.id: dict(f.params) for f in fixes if f.id not in ENV_FIXES},
+        "override_explicit": override_explicit,
+        "seed": seed,
+    }
+
+
+def plan_env(fixes: list[PlannedFix], base: dict[str, str] | None = None) -> dict[str, str]:
+    """Variables an arm's job needs for the fixes applied through its environment.
+
+    A setting the job already has (``base``: e.g. its own PYTORCH_CUDA_ALLOC_CONF) is
+    kept, and the fix's option appended to it.
+    """
+    base = base or {}
+    env: dict[str, str] = {}
+    for fix in fixes:
+        if fix.id not in ENV_FIXES:
+            continue
+        name, option = ENV_FIXES[fix.id]
+        current = env.get(name, base.get(name, ""))
+        key = option.split(":")[0]
+        kept = [o for o in current.split(",") if o and o.split(":")[0] != key]
+        env[name] = ",".join([*kept, option])
+    return env
+
+
+__all__ = [
+    "LoaderWait",
+    "PlannedFix",
+    "choose_fixes",
+    "choose_num_workers",
+    "choose_threads",
+    "loader_wait",
+    "plan_document",
+    "plan_env",
+    "recommended",
+]
