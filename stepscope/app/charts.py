@@ -299,7 +299,14 @@ def step_timeline_chart(tl: pd.DataFrame) -> go.Figure:
     One bar trace per event category (bars with a base), so the legend doubles as a
     filter; hover shows the name and duration.
     """
-    lanes = sorted(tl["lane"].unique(), key=lambda s: (not s.startswith("thread"), s))
+
+    # host threads first, then device streams in number order, GPU annotations last
+    def lane_order(name: str) -> tuple[int, int, str]:
+        kind, _, num = name.partition(" ")
+        rank = {"thread": 0, "stream": 1}.get(kind, 2)
+        return (rank, int(num) if num.lstrip("-").isdigit() else 0, name)
+
+    lanes = sorted(tl["lane"].unique(), key=lane_order)
     depth_max = {ln: int(tl.loc[tl["lane"] == ln, "depth"].max()) + 1 for ln in lanes}
     # each lane gets a band whose height grows with its nesting, capped for readability
     heights = {ln: min(depth_max[ln], 8) for ln in lanes}

@@ -284,9 +284,11 @@ def step_timeline(trace: Trace, rank: int, step: int, max_events: int) -> pd.Dat
         sel = sel.nlargest(max_events, "dur", keep="first")
     sel = sel.sort_values(["ts", "dur"], ascending=[True, False])
     device = sel["on_device"].to_numpy()
+    stream = sel["stream"].to_numpy()
     lane = np.where(
         device,
-        "stream " + sel["stream"].astype(str).to_numpy(),
+        # GPU-side copies of annotations (ProfilerStep, user ranges) carry no stream
+        np.where(stream >= 0, "stream " + stream.astype(str), "GPU annotations"),
         "thread " + sel["tid"].astype(str).to_numpy(),
     )
     out = pd.DataFrame(
