@@ -87,6 +87,16 @@ def fmt_command(command: Any) -> str:
     return "" if _missing(command) else str(command)
 
 
+def failure_line(run: dict[str, Any]) -> str:
+    """Why a run ended badly, in one line: its recorded error, else its exit code."""
+    lines = str(run.get("error") or "").strip().splitlines()
+    if lines:
+        return lines[0]
+    if run.get("exit_code") is not None:
+        return f"exit code {run['exit_code']}"
+    return "no error recorded"
+
+
 def class_label(cls: str) -> str:
     return CLASS_LABEL.get(cls, cls)
 

@@ -171,7 +171,7 @@ else:
 for column, what in (
     ("config", "stepscope options"),
     ("facts", "the job's settings"),
-    ("device", "device"),
+    ("device", "torch and devices"),
 ):
     diff = data.json_diff(da.run.get(column) or {}, db.run.get(column) or {})
     if diff.empty:

@@ -72,11 +72,10 @@ st.caption(
     + f" · host {run['host']} · folder `{d.run_dir}`"
 )
 st.code(ui.fmt_command(run["command"]), language="bash")
-if run["status"] in ("failed", "killed", "lost", "interrupted"):
-    why = run.get("error") or (
-        f"exit code {run['exit_code']}" if run.get("exit_code") is not None else "no error recorded"
-    )
-    st.error(f"{run['status']}: {why}", icon=":material/error:")
+if run["status"] in ("failed", "killed"):
+    st.error(f"{run['status']}: {ui.failure_line(run)}", icon=":material/error:")
+elif run["status"] in ("lost", "interrupted"):  # stopped by someone, not broken
+    st.warning(f"{run['status']}: {ui.failure_line(run)}", icon=":material/warning:")
 if live:
     sec.capture_action(d.run_dir)
 
