@@ -13,7 +13,6 @@ from pathlib import Path
 from stepscope.store import RunStore
 
 REPO = Path(__file__).resolve().parents[1]
-EXAMPLES = REPO / "examples"
 ENTRY = REPO / "stepscope" / "app" / "dashboard.py"
 JOB_TIMEOUT_S = 240
 
@@ -44,7 +43,7 @@ def stepscope(
 def record(home: Path, name: str, script: str, *job_args: str, opts: tuple[str, ...] = ()) -> int:
     """`stepscope run --name NAME [opts] -- python examples/SCRIPT ARGS`; returns the run id."""
     stepscope(
-        home, "run", "--name", name, *opts, "--", sys.executable, str(EXAMPLES / script), *job_args
+        home, "run", "--name", name, *opts, "--", sys.executable, f"examples/{script}", *job_args
     )
     with RunStore(home) as store:
         return store.resolve_run(name)
@@ -69,7 +68,7 @@ def start_live_job(home: Path, name: str = "live", steps: int = 2000) -> subproc
                 name,
                 "--",
                 sys.executable,
-                str(EXAMPLES / "input_bound.py"),
+                "examples/input_bound.py",
                 "--steps",
                 str(steps),
             ],

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import sqlite3
 import sys
 import time
 import urllib.request
@@ -27,6 +28,7 @@ from dashboard_helpers import (
     wait_running,
 )
 from streamlit.testing.v1 import AppTest
+from traces import A100, trace_path
 
 from stepscope.analyzers.step_stats import summarize_steps
 from stepscope.analyzers.trace_report import analyze_trace
@@ -231,6 +233,31 @@ def test_run_page_without_trace_uses_the_step_timer(home: Path, recorded: dict) 
     assert "no trace" in texts(at)
 
 
+def test_gpu_trace_views(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real A100 trace (NCCL, 3 steps) as a run's artifact: kernels, device lanes."""
+    path = trace_path(A100)
+    home = tmp_path / "home"
+    with RunStore(home) as store:
+        run_id = store.create_run(["python", "train.py"], name="a100", status="completed")
+        store.add_artifact(run_id, "trace", path)
+        store.finish_run(run_id, "completed", exit_code=0)
+    monkeypatch.setenv("STEPSCOPE_HOME", str(home))
+    at = open_page("run", run=str(run_id))
+    no_errors(at)
+    report = analyze_trace([path])
+    kernels = next(df.value for df in at.dataframe if "kernel" in df.value.columns)
+    assert kernels["kernel"].iloc[0] == report.kernels_top["name"].iloc[0]
+    assert kernels["share (%)"].iloc[0] == pytest.approx(report.kernels_top["share"].iloc[0] * 100)
+    specs = chart_specs(at)
+    breakdown = next(sp for sp in specs if "Kernel" in trace_names(sp))
+    assert "Communication" in trace_names(breakdown)
+    timeline = next(sp for sp in specs if sp["layout"].get("yaxis", {}).get("ticktext"))
+    lanes = timeline["layout"]["yaxis"]["ticktext"]
+    assert any(ln.startswith("stream ") for ln in lanes) and lanes[0].startswith("thread ")
+    assert "kernel" in trace_names(timeline)
+    assert "longest of" in texts(at)  # downsampled: the step has more events than drawn
+
+
 def test_failed_run_shows_its_error(home: Path, recorded: dict) -> None:
     at = open_page("run", run=str(recorded["ids"]["fail"]))
     assert not at.exception
@@ -280,6 +307,23 @@ def test_corrupt_store_is_one_line_on_every_page(tmp_path: Path, monkeypatch) ->
         assert len(at.error) == 1, page
         line = at.error[0].value
         assert "\n" not in line and "cannot open the run store" in line and "stepscope.db" in line
+
+
+def test_locked_store_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process holds the write lock past the store's busy timeout (10 s)."""
+    home = tmp_path / "home"
+    RunStore(home).close()
+    holder = sqlite3.connect(home / "stepscope.db", isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        monkeypatch.setenv("STEPSCOPE_HOME", str(home))
+        at = open_page("runs")
+    finally:
+        holder.rollback()
+        holder.close()
+    assert not at.exception
+    assert len(at.error) == 1
+    assert "locked" in at.error[0].value and "\n" not in at.error[0].value
 
 
 def test_tensorboard_button_starts_tensorboard(home: Path, recorded: dict) -> None:

@@ -87,14 +87,16 @@ def store_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An input-bound run and the same job with DataLoader workers (the fix, by hand)."""
     _require_browser()
     home = tmp_path_factory.mktemp("e2e") / "home"
-    opts = ("--max-steps", "12", "--profile-at", "3", "--profile-steps", "2")
-    record(home, "input-bound", "input_bound.py", "--steps", "14", opts=opts)
+    # 30 steps: with fewer, the workers' run is all start-up and prefetch bursts (its
+    # step times swing between 5 and 200 ms) and the interval of the ratio contains 1
+    opts = ("--max-steps", "30", "--profile-at", "3", "--profile-steps", "2")
+    record(home, "input-bound", "input_bound.py", "--steps", "32", opts=opts)
     record(
         home,
         "input-bound-workers",
         "input_bound.py",
         "--steps",
-        "14",
+        "32",
         "--num-workers",
         "4",
         "--persistent-workers",
