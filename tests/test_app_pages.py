@@ -453,12 +453,13 @@ def test_diagnose_button(home: Path, recorded: dict) -> None:
     no_errors(at)
     with RunStore(home) as store:
         found = store.findings(run_id)
-    assert found and found[0]["class"] == "io"
+    # the job waits on its loader: an I/O finding (first on a quiet machine; on a loaded
+    # one the compute slows down too, so its rank is not asserted)
+    io = next(f for f in found if f["class"] == "io")
     page = texts(at)
-    assert found[0]["title"] in page
-    for fix in found[0]["fixes"]:
-        assert fix["title"] in page
-    assert {c.value for c in at.code} >= {f["snippet"] for f in found[0]["fixes"] if f["snippet"]}
+    assert all(f["title"] in page for f in found)
+    assert all(fix["title"] in page for fix in io["fixes"])
+    assert {c.value for c in at.code} >= {f["snippet"] for f in io["fixes"] if f["snippet"]}
     assert not [b for b in at.button if b.key == "diagnose"]
     # the runs table now shows it as the run's top finding
     table = open_page("runs").dataframe[0].value

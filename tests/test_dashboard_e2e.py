@@ -222,8 +222,9 @@ def test_runs_run_diagnose_compare_in_chromium(
                     while not store.findings(base_id) and time.monotonic() < deadline:
                         time.sleep(0.5)
                     found = store.findings(base_id)
-                assert found and found[0]["class"] == "io"
-                expect(page.get_by_text(found[0]["title"])).to_be_visible()
+                io = [f for f in found if f["class"] == "io"]
+                assert io, found  # the job waits on its loader
+                expect(page.get_by_text(io[0]["title"])).to_be_visible()
                 expect(page.get_by_text("I/O", exact=True).first).to_be_visible()
                 _no_error_on_page(page)
             _screenshot(page, "run", tmp_path)
