@@ -72,9 +72,15 @@ def _job_processes(home: Path) -> list[psutil.Process]:
 
 
 @pytest.fixture(scope="module")
-def experiment(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
+    """A store holding the user's run of the job (with every effect on offer)."""
     home = tmp_path_factory.mktemp("experiment") / "home"
-    run_id = _record(home, _effects_command(*EFFECTS))
+    return home, _record(home, _effects_command(*EFFECTS))
+
+
+@pytest.fixture(scope="module")
+def experiment(recorded: tuple[Path, int]) -> dict[str, Any]:
+    home, run_id = recorded
     started = time.monotonic()
     out = subprocess.run(
         [
@@ -100,11 +106,12 @@ def _candidates(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["name"]: c for c in result["candidates"]}
 
 
-def _trial_runs(home: Path, baseline: int) -> list[dict[str, Any]]:
+def _trial_runs(home: Path, baseline: int, experiment_id: int) -> list[dict[str, Any]]:
     with RunStore(home) as store:
         runs = store.runs()
         rows = runs[runs["parent_run_id"] == baseline].sort_values("id")
-        return [store.run(int(i)) for i in rows["id"]]
+        trials = [store.run(int(i)) for i in rows["id"]]
+    return [r for r in trials if r["config"].get("experiment") == experiment_id]
 
 
 def test_failing_candidates_are_recorded_and_the_others_complete(experiment) -> None:
@@ -181,7 +188,7 @@ def test_trials_are_interleaved_with_the_arm_order_rotated(experiment) -> None:
     names = ["baseline", "all", *EFFECTS]
     alive = ["baseline", *WORKING]
     assert result["arm_order"] == [names, alive[1:] + alive[:1]]
-    runs = _trial_runs(experiment["home"], experiment["run_id"])
+    runs = _trial_runs(experiment["home"], experiment["run_id"], result["experiment_id"])
     seen = [(r["config"]["phase"], r["config"]["trial"], r["config"]["arm"]) for r in runs]
     expected = [("trials", k, arm) for k, order in enumerate(result["arm_order"]) for arm in order]
     # then the confirmation, beside the baseline again, rotated per trial too
@@ -199,7 +206,9 @@ def test_trials_are_interleaved_with_the_arm_order_rotated(experiment) -> None:
 
 
 def test_each_trial_gets_its_plan_file_with_the_seed(experiment) -> None:
-    runs = _trial_runs(experiment["home"], experiment["run_id"])
+    result = experiment["result"]
+    runs = _trial_runs(experiment["home"], experiment["run_id"], result["experiment_id"])
+    assert len(runs) == 20
     with RunStore(experiment["home"]) as store:
         for run in runs:
             plan = json.loads((store.run_dir(run["id"]) / "plan.json").read_text())
@@ -207,6 +216,11 @@ def test_each_trial_gets_its_plan_file_with_the_seed(experiment) -> None:
             assert plan["seed"] == 0 and plan["override_explicit"] is False
     baseline_plans = [r for r in runs if r["config"]["arm"] == "baseline"]
     assert baseline_plans and all(r["config"]["fixes"] == [] for r in baseline_plans)
+    # the bootstrap read the plan inside the job and says what it applied
+    fused = [r for r in runs if r["config"]["arm"] == "fused_optimizer"]
+    for run in fused:
+        applied = {a.get("fix"): a.get("applied") for a in run["config"].get("applied") or []}
+        assert applied.get("fused_optimizer") is True, run["config"]
 
 
 def test_json_report_and_stored_experiment(experiment) -> None:
@@ -226,16 +240,15 @@ def test_json_report_and_stored_experiment(experiment) -> None:
     assert len(base["runs"]) == 2 and len(base["confirm_runs"]) == 2
     with RunStore(experiment["home"]) as store:
         row = store.experiment(result["experiment_id"])
-        assert store.experiments(experiment["run_id"])[0]["id"] == row["id"]
+        assert row["id"] in [e["id"] for e in store.experiments(experiment["run_id"])]
     assert row["status"] == "completed" and row["ended_at"] is not None
     assert row["result"] == result
     assert row["progress"]["done"] == row["progress"]["total"] == 20
     assert row["config"]["fixes"] == list(EFFECTS)
 
 
-def test_background_experiment_reports_progress_through_the_store(tmp_path: Path) -> None:
-    home = tmp_path / "home"
-    run_id = _record(home, _effects_command("fused_optimizer"), steps=8)
+def test_background_experiment_reports_progress_through_the_store(recorded) -> None:
+    home, run_id = recorded
     experiment_id = start_experiment(
         home, run_id, fixes=["fused_optimizer"], steps=8, trials=1, timeout_s=120
     )
@@ -257,9 +270,8 @@ def test_background_experiment_reports_progress_through_the_store(tmp_path: Path
     assert (home / "experiments" / f"{experiment_id}.log").exists()
 
 
-def test_cancelled_background_experiment_stops_its_trial(tmp_path: Path) -> None:
-    home = tmp_path / "home"
-    run_id = _record(home, _effects_command("fused_optimizer"), steps=4)
+def test_cancelled_background_experiment_stops_its_trial(recorded) -> None:
+    home, run_id = recorded
     experiment_id = start_experiment(
         home, run_id, fixes=["fused_optimizer"], steps=10_000, trials=1, timeout_s=120
     )

@@ -57,6 +57,8 @@ DEFAULT_TRIALS = 3
 MIN_TIMEOUT_S = 60.0
 TIMEOUT_FACTOR = 5.0
 FALLBACK_TIMEOUT_S = 600.0  # the baseline's length is unknown (it never recorded a step)
+SLOW_START_FIXES = ("torch_compile",)
+SLOW_START_ALLOWANCE_S = 300.0
 OUTPUT_LOG = "output.log"
 # Recorded variables that are about where the job ran, not how: not replayed.
 NOT_REPLAYED = ("VIRTUAL_ENV", "CONDA_DEFAULT_ENV")
@@ -238,7 +240,7 @@ class _Runner:
             },
             cwd=base["cwd"],
             output_path=OUTPUT_LOG,
-            timeout_s=self.timeouts.current(),
+            timeout_s=self.timeouts.current(arm.fix_ids),
             quiet=True,
             plan=planning.plan_document(arm.fixes, seed=self.config["seed"]),
         )
@@ -442,7 +444,7 @@ class _Runner:
             "cwd": self.base["cwd"],
             "steps": self.config["steps"],
             "trials": self.config["trials"],
-            "timeout_s": self.timeouts.last,
+            "timeout_s": self.timeouts.current([]),  # per trial; + allowance to compile
             "tolerance": self.config["tolerance"],
             "seed": self.config["seed"],
             "arm_order": self.order,
@@ -628,7 +630,8 @@ class _Timeouts:
     """Per-trial timeout: the user's, or 5x the longest baseline trial (at least 60 s).
 
     Before the first baseline trial has run, the recorded baseline run stands in:
-    its start-up plus ``steps`` of its median step time.
+    its start-up plus ``steps`` of its median step time. An arm that compiles gets
+    minutes more: compiling a model on a small CPU is a one-off cost, not a hang.
     """
 
     def __init__(
@@ -637,14 +640,13 @@ class _Timeouts:
         self.explicit = explicit
         self.longest: float | None = None
         self.estimate = _estimate_trial_s(store, baseline_run, steps)
-        self.last: float | None = explicit
 
     def observe(self, run: dict[str, Any]) -> None:
         if run.get("ended_at") and run.get("started_at"):
             wall = float(run["ended_at"]) - float(run["started_at"])
             self.longest = max(self.longest or 0.0, wall)
 
-    def current(self) -> float:
+    def current(self, fixes: list[str]) -> float:
         if self.explicit is not None:
             value = float(self.explicit)
         else:
@@ -653,8 +655,9 @@ class _Timeouts:
                 value = FALLBACK_TIMEOUT_S
             else:
                 value = max(MIN_TIMEOUT_S, TIMEOUT_FACTOR * reference)
-        self.last = round(value, 1)
-        return self.last
+            if any(f in SLOW_START_FIXES for f in fixes):
+                value += SLOW_START_ALLOWANCE_S
+        return round(value, 1)
 
 
 def _estimate_trial_s(store: Any, run: dict[str, Any], steps: int) -> float | None:
