@@ -9,6 +9,7 @@ faster, one slower, one makes the loss overflow and one moves its level.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -340,3 +341,47 @@ def test_input_bound_dataloader_fix_measures_2x(tmp_path: Path) -> None:
     assert result["best"]["speedup"] >= 2.0
     for c in result["candidates"]:
         assert c["quality_ok"] is True, c["quality"]  # the data do not depend on the workers
+
+
+def test_cli_refuses_unknown_fixes_before_running_anything(recorded) -> None:
+    home, run_id = recorded
+    out = subprocess.run(
+        [
+            *(sys.executable, "-m", "stepscope.app.cli", "--home", str(home)),
+            *("optimize", str(run_id), "--fixes", "fused_optimizer,no_such_fix"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 1
+    assert "unknown fix 'no_such_fix'" in out.stderr
+    assert out.stdout == ""
+    with RunStore(home) as store:
+        before = len(store.experiments())
+    out = subprocess.run(
+        [
+            *(sys.executable, "-m", "stepscope.app.cli", "--home", str(home)),
+            *("optimize", str(run_id), "--fixes", "larger_batch"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 1 and "--allow-numerics" in out.stderr
+    with RunStore(home) as store:
+        assert len(store.experiments()) == before  # nothing was started
+
+
+def test_experiment_whose_process_vanished_reads_as_failed(tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    started = psutil.Process(proc.pid).create_time()
+    proc.wait()
+    with RunStore(tmp_path / "home") as store:
+        run_id = store.create_run(["python", "train.py"], status="completed")
+        dead = store.create_experiment(run_id, {"fixes": []}, pid=proc.pid, pid_started_at=started)
+        alive = store.create_experiment(run_id, {"fixes": []}, pid=os.getpid())
+        assert store.experiment(dead)["status"] == "failed"
+        assert "vanished" in store.experiment(dead)["error"]
+        assert store.experiment(alive)["status"] == "running"
+        assert [e["id"] for e in store.experiments(run_id)] == [alive, dead]
