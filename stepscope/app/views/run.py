@@ -37,6 +37,9 @@ with ui.errors_as_one_line():
         ui.fail(f"{data.one_line(exc)}")
 ui.set_query(run=run_id)
 
+with ui.errors_as_one_line():
+    if run_id not in set(choices["id"]):  # recorded between the two reads
+        choices = data.run_choices(home)
 ids = [int(i) for i in choices["id"]]
 names = dict(zip(ids, choices["name"], strict=True))
 statuses = dict(zip(ids, choices["status"], strict=True))
