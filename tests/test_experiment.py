@@ -179,9 +179,10 @@ def test_verdicts_and_the_fixes_kept(experiment) -> None:
     assert best["confirmed"] is True and best["candidate"] == "confirm"
     assert best["speedup"] > max(fast["speedup"], cands["ddp_bf16_compression"]["speedup"])
     assert best["ci"][0] > 1.0 and best["verdict"] == "faster"
-    # samples/s: the same batch size, so the same ratio as the step times
-    assert fast["samples_per_s"]["ratio"] == pytest.approx(fast["speedup"], rel=0.02)
-    assert fast["speedup_basis"] == "step_time"
+    # the verdict is on throughput; with even steps the median step ratio agrees
+    assert fast["speedup_basis"] == "samples_per_s"
+    assert fast["samples_per_s"]["ratio"] == pytest.approx(fast["speedup"], abs=1e-3)
+    assert fast["step_time"]["ratio"] == pytest.approx(fast["speedup"], rel=0.1)
 
 
 def test_trials_are_interleaved_with_the_arm_order_rotated(experiment) -> None:
@@ -335,6 +336,8 @@ def test_input_bound_dataloader_fix_measures_2x(tmp_path: Path) -> None:
     fixes = {f["id"]: f for f in result["fixes"]}
     workers = fixes["dataloader_workers"]
     assert workers["predicted"] is not None and workers["predicted"] > 1.5  # the bound shown
+    # the bound from the experiment's own baseline trials holds for what they measured
+    assert workers["predicted_in_experiment"] >= workers["measured"] * 0.8
     assert workers["verdict"] == "faster", workers
     assert workers["measured"] >= 2.0 and workers["ci"][0] > 1.0
     assert "dataloader_workers" in result["best"]["fixes"]

@@ -137,7 +137,7 @@ def render(result: dict[str, Any], console: Any) -> None:
         fixes.add_row(
             f["id"],
             ", ".join(f"{k}={v}" for k, v in f["params"].items()),
-            f"<= {_x(f['predicted'])}" if f["predicted"] else "-",
+            _bounds(f),
             _x(f["measured"]) + against if f["measured"] else "-",
             _ci(f["ci"]),
             _verdict(f["verdict"]) if f["verdict"] else f["status"],
@@ -153,6 +153,15 @@ def render(result: dict[str, Any], console: Any) -> None:
         )
     else:
         console.print("[bold]No fix measured faster with the loss kept: keep the job as it is.[/]")
+
+
+def _bounds(fix: dict) -> str:
+    """The diagnosis' bound, and the one from this experiment's baseline when known."""
+    text = f"<= {_x(fix['predicted'])}" if fix["predicted"] else "-"
+    here = fix.get("predicted_in_experiment")
+    if here:
+        text += f" (<= {_x(here)} here)"
+    return text
 
 
 def _x(value: float | None) -> str:

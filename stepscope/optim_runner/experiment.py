@@ -324,12 +324,16 @@ class _Runner:
         cand, base = _figures(self.store, arm.runs), _figures(self.store, ref.runs)
         out["warmup"] = cand.warmup()
         step_ci = _ci(base.step_times, cand.step_times)
-        sps_ci = _ci(base.sec_per_sample, cand.sec_per_sample)
+        # samples/s is throughput: a ratio of means (see stats.py)
+        sps_ci = _ci(base.sec_per_sample, cand.sec_per_sample, statistic="mean")
         out["step_time"] = _ci_json(step_ci, cand.median_step, base.median_step)
         out["samples_per_s"] = _ci_json(sps_ci)
-        # With another batch size per step, samples/s is the comparable figure.
+        # The verdict is on throughput (samples/s) whenever batch sizes are known: it is
+        # what the job's wall time follows, what the Amdahl bound bounds, and the only
+        # comparable figure when a fix changes the batch size. The median step-time
+        # ratio is reported beside it.
         headline, basis = step_ci, "step_time"
-        if sps_ci is not None and base.batch != cand.batch:
+        if sps_ci is not None:
             headline, basis = sps_ci, "samples_per_s"
         if headline is None:
             out["status"] = "failed"
@@ -379,6 +383,7 @@ class _Runner:
                 "why_params": fix.why_params,
                 "predicted": fix.predicted_speedup,
                 "predicted_basis": fix.basis,
+                **self._predicted_here(fix),
                 "finding": fix.finding,
                 "measured": measured["speedup"],
                 "ci": measured["ci"],
@@ -395,6 +400,35 @@ class _Runner:
             if fix.needs and not out[fix.needs]["kept"]:
                 out[fix.id]["kept"] = False
         return out
+
+    def _predicted_here(self, fix: Any) -> dict[str, Any]:
+        """The bound again, from this experiment's own baseline trials.
+
+        The diagnosed run may have been recorded under other load: on a shared 2-core
+        machine its data-wait share was 54 % while the interleaved baseline trials
+        waited 80 %, and the measured 4.4x then "beat" a 2.2x bound. The step timer
+        measures data wait on every trial, so input-pipeline fixes get a bound from the
+        same conditions the measurement had; the others keep the diagnosis' bound.
+        """
+        if fix.finding != "io/input_pipeline":
+            return {"predicted_in_experiment": None, "predicted_in_experiment_basis": None}
+        from stepscope.analyzers.recommend import predict
+        from stepscope.analyzers.step_stats import summarize_steps
+        from stepscope.optim_runner import catalog
+
+        shares = [
+            summarize_steps(steps)["data_wait_share"]
+            for steps in (self.store.steps(r) for r in self.baseline.runs)
+            if not steps.empty
+        ]
+        shares = [x for x in shares if x is not None]
+        if not shares:
+            return {"predicted_in_experiment": None, "predicted_in_experiment_basis": None}
+        bound, basis = predict(catalog.get(fix.id), float(np.median(shares)))
+        return {
+            "predicted_in_experiment": bound,
+            "predicted_in_experiment_basis": f"{basis} (data wait of the baseline trials)",
+        }
 
     def _best(self, kept: list[str]) -> dict[str, Any]:
         """The kept fixes and their measured combined speed-up (confirmed if needed)."""
@@ -561,11 +595,13 @@ def _losses(store: Any, runs: list[int]) -> list[np.ndarray]:
     return [loss_series(store.steps(run_id)) for run_id in runs]
 
 
-def _ci(base: np.ndarray | None, cand: np.ndarray | None) -> SpeedupCI | None:
+def _ci(
+    base: np.ndarray | None, cand: np.ndarray | None, statistic: str = "median"
+) -> SpeedupCI | None:
     if base is None or cand is None:
         return None
     try:
-        return speedup_ci(base, cand)
+        return speedup_ci(base, cand, statistic=statistic)
     except ValueError:  # fewer than 2 timed steps on a side
         return None
 
