@@ -69,7 +69,7 @@ def main() -> None:
     dataset = InMemoryBatches(make_batches(32, args.batch_size, args.dim, classes))
     loader = DataLoader(dataset, batch_size=None, shuffle=True)
     model = DenseNet(args.dim, args.hidden, args.depth, classes).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     train(
         model, loader, optimizer, loss_fn, device, args, example="dense_compute", non_blocking=True
