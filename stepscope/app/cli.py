@@ -93,6 +93,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     opt.add_argument("--json", action="store_true", help="print JSON")
 
+    demo = sub.add_parser(
+        "demo",
+        help="record an example job, diagnose it, apply and compare the fixes, open the dashboard",
+        description="The whole loop on examples/input_bound.py, in its own store (default "
+        "~/.stepscope-demo, emptied first; or the global --home), then the dashboard on it.",
+    )
+    demo.add_argument("--host", default="127.0.0.1", help="dashboard address (default 127.0.0.1)")
+    demo.add_argument("--port", type=int, default=8501, help="dashboard port (default 8501)")
+    demo.add_argument("--steps", type=int, default=40, help="steps per run (default 40)")
+    demo.add_argument("--trials", type=int, default=2, help="trials per arm (default 2)")
+    demo.add_argument(
+        "--no-dashboard", action="store_true", help="stop after the experiment (no browser)"
+    )
+
     dash = sub.add_parser("dashboard", help="open the dashboard in the browser (Streamlit)")
     dash.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     dash.add_argument("--port", type=int, default=8501, help="port (default 8501)")
@@ -157,6 +171,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 timeout=args.timeout,
                 allow_numerics=args.allow_numerics,
                 as_json=args.json,
+            )
+        if args.verb == "demo":
+            from stepscope.app.demo import cmd_demo
+
+            return cmd_demo(
+                home=args.home,
+                host=args.host,
+                port=args.port,
+                steps=args.steps,
+                trials=args.trials,
+                dashboard=not args.no_dashboard,
             )
         if args.verb == "dashboard":
             from stepscope.app.cli_dashboard import cmd_dashboard
