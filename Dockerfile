@@ -19,8 +19,11 @@ RUN pip install . && python -c "import stepscope, torch; print(stepscope.__versi
 
 USER stepscope
 ENV STEPSCOPE_HOME=/home/stepscope/.stepscope
-# The dashboard's port, for when the dashboard lands; it binds to 127.0.0.1 unless told
-# otherwise, so inside a container pass --host 0.0.0.0 and publish the port on purpose.
+# The dashboard binds to 127.0.0.1 unless told otherwise, so inside a container pass
+# --host 0.0.0.0 and publish the port on purpose:
+#   docker run --gpus all -p 127.0.0.1:8501:8501 stepscope demo --host 0.0.0.0
+#   docker run -p 127.0.0.1:8501:8501 -v stepscope-home:/home/stepscope/.stepscope \
+#       stepscope dashboard --host 0.0.0.0
 EXPOSE 8501
 ENTRYPOINT ["stepscope"]
 CMD ["--help"]

@@ -26,14 +26,19 @@ class DemoError(RuntimeError):
 
 
 def example_script() -> Path:
-    """examples/input_bound.py of the checkout this stepscope runs from."""
-    path = Path(stepscope.__file__).resolve().parents[1] / "examples" / "input_bound.py"
-    if not path.exists():
-        raise DemoError(
-            f"{path} not found: the demo runs the examples of a source checkout "
-            "(git clone, then pip install -e .)"
-        )
-    return path
+    """examples/input_bound.py of the checkout this stepscope runs from, or of the
+    current folder (a non-editable install, e.g. the Docker image's /opt/stepscope)."""
+    candidates = [
+        Path(stepscope.__file__).resolve().parents[1] / "examples" / "input_bound.py",
+        Path.cwd() / "examples" / "input_bound.py",
+    ]
+    for path in candidates:
+        if path.exists():
+            return path
+    raise DemoError(
+        f"{candidates[0]} not found: the demo runs the examples of a source checkout "
+        "(git clone, then pip install -e .; or run it from the checkout's folder)"
+    )
 
 
 def fresh_home(home: Path) -> Path:
