@@ -107,6 +107,21 @@ def status_badge(status: str) -> None:
     st.badge(status, icon=icon, color=colour)  # type: ignore[arg-type]
 
 
+def ratio_metric(where: Any, label: str, ci: Any, help: str | None = None) -> None:
+    """A speed ratio as a metric tile: the ratio, its verdict as the coloured delta.
+
+    ``ci`` is a ``stats.SpeedupCI``; ``where`` a column or ``st`` itself.
+    """
+    where.metric(
+        label,
+        f"{ci.ratio:.2f}x",
+        delta=ci.verdict,
+        delta_color={"faster": "green", "slower": "red"}.get(ci.verdict, "gray"),
+        delta_arrow={"faster": "up", "slower": "down"}.get(ci.verdict, "off"),
+        help=help,
+    )
+
+
 def query_int(name: str) -> int | None:
     """An integer query parameter (``?run=3``); None when absent or not a number."""
     raw = st.query_params.get(name)

@@ -1,8 +1,9 @@
 """Compare: two runs side by side (``?a=BASELINE&b=CANDIDATE``).
 
-The headline is the ratio of median step times with a bootstrap interval
-(``optim_runner.stats``), because two single medians of a noisy machine say little on
-their own: a ratio whose interval contains 1 is reported as no measurable change.
+The headline is throughput, as experiments decide it (``app/speed.py``): the ratio of
+mean seconds per sample with a bootstrap interval, the median step-time ratio beside
+it; two single figures of a noisy machine say little on their own, so a ratio whose
+interval contains 1 is reported as no measurable change.
 The breakdowns are compared on the same basis for both runs: the trace engine's
 categories when both have a trace, else the step timer's data wait / compute.
 """
@@ -13,7 +14,8 @@ import streamlit as st
 
 from stepscope.analyzers.breakdown import CATEGORIES
 from stepscope.app import charts, data, ui
-from stepscope.optim_runner.stats import speedup_ci, timed_step_times
+from stepscope.app.speed import compare_speed, speed_caption
+from stepscope.optim_runner.stats import timed_step_times
 
 home = data.store_home()
 st.title("Compare")
@@ -69,33 +71,39 @@ label_a, label_b = f"A #{a} {names[a]}", f"B #{b} {names[b]}"
 # -- speed ------------------------------------------------------------------------------
 ta, tb = timed_step_times(da.steps), timed_step_times(db.steps)
 st.subheader("Speed")
-try:
-    ci = speedup_ci(ta, tb)
-except ValueError as exc:
-    ci = None
-    st.info(f"No speed ratio: {exc} (each run needs at least two timed steps).")
-cols = st.columns(4)
+speed = compare_speed(da.steps, db.steps)
+if speed.problem:
+    st.info(f"No speed ratio: {speed.problem}.")
+cols = st.columns(5)
 cols[0].metric("median step A", ui.fmt_s(da.summary["step_time_median_s"]))
 cols[1].metric("median step B", ui.fmt_s(db.summary["step_time_median_s"]))
-if ci is not None:
-    cols[2].metric(
+if speed.headline is not None:
+    ui.ratio_metric(
+        cols[2],
         "speed-up B vs A",
-        f"{ci.ratio:.2f}x",
-        delta=ci.verdict,
-        delta_color={"faster": "green", "slower": "red"}.get(ci.verdict, "gray"),
-        delta_arrow={"faster": "up", "slower": "down"}.get(ci.verdict, "off"),
-        help="ratio of median step times A/B; > 1 means B is faster",
+        speed.headline,
+        help=(
+            "throughput: mean seconds per sample A/B (what an epoch's wall time follows)"
+            if speed.throughput is not None
+            else "median step time A/B (no batch sizes recorded for throughput)"
+        )
+        + "; > 1 means B is faster",
     )
-    st.caption(
-        f"{ci.describe()}: bootstrap over {ci.n_baseline} and {ci.n_candidate} timed steps "
-        "(warm-up and profiled steps left out), each run resampled on its own."
+if speed.throughput is not None and speed.step_time is not None:
+    ui.ratio_metric(
+        cols[3],
+        "median step-time ratio",
+        speed.step_time,
+        help="median step time A/B: the typical step; flatters fixes that make steps bimodal",
     )
 sa, sb = da.summary["samples_per_s"], db.summary["samples_per_s"]
-cols[3].metric(
+cols[4].metric(
     "samples/s A → B",
     f"{ui.fmt_num(sa)} → {ui.fmt_num(sb)}",
     help="throughput over the timed steps, all ranks",
 )
+if speed.headline is not None:
+    st.caption(speed_caption(speed))
 
 # -- breakdown before / after ------------------------------------------------------------------
 st.subheader("Where the step time goes")

@@ -1,0 +1,96 @@
+"""How much faster run B is than run A, decided the way experiments decide it.
+
+The headline is throughput: the ratio of *mean* seconds per sample (A/B), because an
+epoch's wall time follows the mean, and the mean is what the Amdahl bound of a fix
+bounds. The ratio of *median* step times is kept beside it: it is robust to a
+neighbour's burst, but it flatters fixes that make steps bimodal (DataLoader workers
+with prefetching give many instant steps and a few long waits; see ``stats.py``).
+Throughput needs every timed step's batch size; without them the median ratio is all
+there is, and the page says so.
+
+Plain functions over step tables (no Streamlit), so the Compare page and the Optimize
+page's inline headline show the same numbers the experiment runner computed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from stepscope.optim_runner.stats import SpeedupCI, speedup_ci, timed_step_times
+
+
+@dataclass(frozen=True)
+class Speed:
+    """B against A: ``throughput`` (None without batch sizes) and ``step_time``."""
+
+    throughput: SpeedupCI | None
+    step_time: SpeedupCI | None
+    problem: str | None = None  # why there is no ratio at all
+
+    @property
+    def headline(self) -> SpeedupCI | None:
+        return self.throughput if self.throughput is not None else self.step_time
+
+    @property
+    def basis(self) -> str:
+        return "throughput" if self.throughput is not None else "median step time"
+
+
+def sec_per_sample(steps: pd.DataFrame) -> np.ndarray | None:
+    """Seconds per sample of the timed steps; None unless every step knows its batch.
+
+    The same exclusions as ``timed_step_times`` (warm-up, profiled steps), applied to
+    each step's time divided by its batch size, as the experiment runner does.
+    """
+    if steps.empty or "batch_size" not in steps or not steps["batch_size"].notna().all():
+        return None
+    scaled = steps.copy()
+    duration = steps["end_s"] - steps["start_s"]
+    scaled["end_s"] = steps["start_s"] + duration / steps["batch_size"].astype(float).clip(lower=1)
+    return timed_step_times(scaled)
+
+
+def _ratio(base: np.ndarray | None, cand: np.ndarray | None, statistic: str) -> SpeedupCI | None:
+    if base is None or cand is None:
+        return None
+    try:
+        return speedup_ci(base, cand, statistic=statistic)
+    except ValueError:  # fewer than two timed steps on a side
+        return None
+
+
+def compare_speed(steps_a: pd.DataFrame, steps_b: pd.DataFrame) -> Speed:
+    """Throughput and median step-time ratios of B against A, with bootstrap intervals."""
+    ta, tb = timed_step_times(steps_a), timed_step_times(steps_b)
+    step = _ratio(ta, tb, "median")
+    throughput = _ratio(sec_per_sample(steps_a), sec_per_sample(steps_b), "mean")
+    problem = None
+    if step is None:
+        problem = (
+            f"too few timed steps (A has {ta.size}, B has {tb.size}; each needs at least two, "
+            "warm-up and profiled steps left out)"
+        )
+    return Speed(throughput=throughput, step_time=step, problem=problem)
+
+
+def speed_caption(speed: Speed) -> str:
+    """The ratios in words, with what they were computed from."""
+    head = speed.headline
+    if head is None:
+        return ""
+    n = f"bootstrap over {head.n_baseline} and {head.n_candidate} timed steps"
+    if speed.throughput is None:
+        return (
+            f"Median step time: {head.describe()}; {n}. No throughput ratio: not every "
+            "step of both runs recorded its batch size."
+        )
+    text = f"Throughput: {head.describe()}, the ratio of mean seconds per sample; {n}"
+    if speed.step_time is not None:
+        text += f". Median step time: {speed.step_time.describe()}"
+    return text + " (warm-up and profiled steps left out, each run resampled on its own)."
+
+
+__all__ = ["Speed", "compare_speed", "sec_per_sample", "speed_caption"]
