@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import psutil
 import pytest
 from dashboard_helpers import (
     ENTRY,
@@ -35,6 +36,8 @@ from stepscope.analyzers.step_stats import summarize_steps
 from stepscope.analyzers.trace_report import analyze_trace
 from stepscope.app import tb_launch, ui
 from stepscope.collectors.control import capture_request_path
+from stepscope.optim_runner.experiment import candidate_arms, start_experiment
+from stepscope.optim_runner.plan import choose_fixes
 from stepscope.optim_runner.stats import speedup_ci, timed_step_times
 from stepscope.store import RunStore
 
@@ -89,6 +92,11 @@ def open_page(page: str, **params: str) -> AppTest:
 def no_errors(at: AppTest) -> None:
     assert not at.exception, [e.value for e in at.exception]
     assert not at.error, [e.value for e in at.error]
+
+
+def table_with(at: AppTest, column: str) -> pd.DataFrame:
+    """The first table on the page that has ``column``."""
+    return next(df.value for df in at.dataframe if column in df.value.columns)
 
 
 def metrics(at: AppTest) -> dict[str, str]:
@@ -175,7 +183,7 @@ def test_runs_page_filters(home: Path, recorded: dict) -> None:
 
 def test_empty_store_says_how_to_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STEPSCOPE_HOME", str(tmp_path / "empty"))
-    for page in ("runs", "run", "compare"):
+    for page in ("runs", "run", "compare", "optimize"):
         at = open_page(page)
         no_errors(at)
         assert "No runs yet" in texts(at) or "none yet" in texts(at), page
@@ -310,8 +318,8 @@ def test_corrupt_store_is_one_line_on_every_page(tmp_path: Path, monkeypatch) ->
     home.mkdir()
     (home / "stepscope.db").write_bytes(b"this is not a database\n" * 100)
     monkeypatch.setenv("STEPSCOPE_HOME", str(home))
-    for page in ("runs", "run", "compare"):
-        at = open_page(page, run="1", a="1", b="2")
+    for page in ("runs", "run", "compare", "optimize"):
+        at = open_page(page, run="1", a="1", b="2", experiment="1")
         assert not at.exception, page
         assert len(at.error) == 1, page
         line = at.error[0].value
@@ -476,6 +484,9 @@ def test_diagnose_button(home: Path, recorded: dict) -> None:
     assert all(fix["title"] in page for fix in io["fixes"])
     assert {c.value for c in at.code} >= {f["snippet"] for f in io["fixes"] if f["snippet"]}
     assert not [b for b in at.button if b.key == "diagnose"]
+    # next to the findings: the way to apply them
+    link = next(p.proto for p in at.get("page_link") if p.proto.label == "Apply and compare…")
+    assert link.page == "optimize" and link.query_string == f"run={run_id}"
     # the runs table now shows it as the run's top finding
     table = open_page("runs").dataframe[0].value
     assert found[0]["title"] in table.loc[table["id"] == run_id, "top finding"].iloc[0]
@@ -492,3 +503,310 @@ def test_dashboard_command_line() -> None:
     assert opts["--server.headless"] == "true"
     assert opts["--server.address"] == "127.0.0.1" and opts["--server.port"] == "8599"
     assert opts["--browser.gatherUsageStats"] == "false"
+
+
+# -- optimize page (its own store: experiments add trial runs) -----------------------------
+EXPERIMENT_TIMEOUT_S = 300
+
+
+@pytest.fixture(scope="module")
+def optimizable(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A short input-bound run (not diagnosed yet) and a job that fails after 3 steps."""
+    home = tmp_path_factory.mktemp("optimize") / "home"
+    ids = {
+        "ib": record(home, "ib", "input_bound.py", "--steps", "14", opts=("--max-steps", "12")),
+    }
+    failed = stepscope(
+        home, "run", "--name", "fail", "--", sys.executable, "tests/jobs/fail.py", check=False
+    )
+    assert failed.returncode == 1, failed.stderr
+    with RunStore(home) as store:
+        ids["fail"] = store.resolve_run("fail")
+    return {"home": home, "ids": ids}
+
+
+@pytest.fixture
+def opt_home(optimizable: dict, monkeypatch: pytest.MonkeyPatch, _isolated_store: Path) -> Path:
+    monkeypatch.setenv("STEPSCOPE_HOME", str(optimizable["home"]))
+    return optimizable["home"]
+
+
+def auto_fix_ids(home: Path, run_id: int) -> list[str]:
+    """The auto fixes over the run's saved findings, diagnosing it first if need be."""
+    from stepscope.analyzers.diagnosis import diagnose_run
+
+    with RunStore(home) as store:
+        if not store.findings(run_id):
+            diagnose_run(store, run_id)
+        found = store.findings(run_id)
+    return list(dict.fromkeys(x["id"] for f in found for x in f["fixes"] if x["auto"]))
+
+
+def only_fixes(at: AppTest, run_id: int, keep: set[str]) -> None:
+    for box in at.checkbox:
+        if box.key.startswith(f"fix_{run_id}_"):
+            box.set_value(box.key.removeprefix(f"fix_{run_id}_") in keep)
+    at.run()
+
+
+def trial_runs(store: RunStore, experiment_id: int, status: str | None = None) -> list[int]:
+    runs = store.runs()
+    return [
+        int(r["id"])
+        for r in runs.to_dict("records")
+        if (r["config"] or {}).get("experiment") == experiment_id
+        and (status is None or r["status"] == status)
+    ]
+
+
+def wait_ended(home: Path, experiment_id: int, timeout: float = EXPERIMENT_TIMEOUT_S) -> dict:
+    deadline = time.monotonic() + timeout
+    with RunStore(home) as store:
+        while (row := store.experiment(experiment_id))["status"] == "running":
+            assert time.monotonic() < deadline, f"experiment still running: {row['progress']}"
+            time.sleep(1.0)
+    return row
+
+
+def test_optimize_diagnoses_then_offers_the_auto_fixes(opt_home: Path, optimizable) -> None:
+    run_id = optimizable["ids"]["ib"]
+    at = open_page("optimize", run=str(run_id))
+    no_errors(at)
+    assert at.title[0].value == f"Optimize run {run_id} · ib"
+    with RunStore(opt_home) as store:
+        assert store.findings(run_id) == []
+    assert "has none yet" in texts(at)
+    assert not [b for b in at.button if b.key == "apply"]  # nothing to apply yet
+    at.button(key="diagnose").click().run()
+    no_errors(at)
+
+    expected = auto_fix_ids(opt_home, run_id)  # from the findings the click saved
+    assert "dataloader_workers" in expected
+    boxes = {b.key.removeprefix(f"fix_{run_id}_"): b for b in at.checkbox}
+    assert sorted(boxes) == sorted(expected)
+    assert all(b.value and not b.disabled for b in boxes.values())  # none needs consent here
+    assert not at.toggle  # so no "allow numerics" toggle either
+    assert [(n.label, n.value) for n in at.number_input] == [
+        ("trials per arm", 3),
+        ("steps per trial", 30),
+    ]
+    notes = next(df.value for df in at.dataframe if "parameters" in df.value.columns)
+    with RunStore(opt_home) as store:
+        plans = {p.id: p for p in choose_fixes(store, run_id, expected)}
+    row = notes[notes["fix"] == "dataloader_workers"].iloc[0]
+    workers = plans["dataloader_workers"]
+    assert row["parameters"] == f"num_workers={workers.params['num_workers']}"
+    assert row["why these"] == workers.why_params
+    assert row["predicted (bound)"] == pytest.approx(workers.predicted_speedup)
+    arms = 1 + len(candidate_arms(list(plans.values())))
+    assert f"{arms} arms" in texts(at) and f"= {arms * 3} trial runs" in texts(at)
+    assert not at.button(key="apply").disabled
+
+    only_fixes(at, run_id, set())
+    assert at.button(key="apply").disabled and "check at least one fix" in texts(at)
+
+
+def test_optimize_apply_and_compare(opt_home: Path, optimizable) -> None:
+    """The button starts a real experiment; the page follows it and shows its result."""
+    run_id = optimizable["ids"]["ib"]
+    auto_fix_ids(opt_home, run_id)
+    at = open_page("optimize", run=str(run_id))
+    only_fixes(at, run_id, {"dataloader_workers"})
+    at.number_input(key="opt_steps").set_value(12)
+    at.number_input(key="opt_trials").set_value(2)
+    at.button(key="apply").click().run()
+    no_errors(at)
+    experiment_id = int(at.query_params["experiment"])
+    with RunStore(opt_home) as store:
+        config = store.experiment(experiment_id)["config"]
+    assert (config["fixes"], config["steps"], config["trials"]) == (["dataloader_workers"], 12, 2)
+    assert at.get("progress") and at.button(key="cancel")  # running: followed, cancellable
+
+    row = wait_ended(opt_home, experiment_id)
+    assert row["status"] == "completed", row["error"]
+    result = row["result"]
+    at.run()
+    no_errors(at)
+    table = table_with(at, "candidate")
+    assert list(table["candidate"]) == [c["name"] for c in result["candidates"]] == ["all"]
+    for shown, c in zip(table.to_dict("records"), result["candidates"], strict=True):
+        assert shown["fixes"] == "dataloader_workers" and shown["status"] == c["status"]
+        assert shown["speed-up"] == c["speedup"]
+        assert shown["95 % CI"] == f"{c['ci'][0]:.2f}–{c['ci'][1]:.2f}x"
+        assert shown["verdict"] == c["verdict"]
+        assert shown["median step ratio"] == c["step_time"]["ratio"]
+        assert shown["loss"] == ("kept" if c["quality_ok"] else "changed")
+        assert shown["why"] == c["quality"]["reason"]
+    fixes = table_with(at, "bound (diagnosis)")
+    f = result["fixes"][0]
+    assert fixes["measured"].iloc[0] == f["measured"]
+    assert fixes["bound (diagnosis)"].iloc[0] == f["predicted"]
+    assert fixes["kept"].iloc[0] == ("✓ keep" if f["kept"] else "—")
+    best = result["best"]
+    if best["fixes"]:
+        assert f"{best['speedup']:.2f}x the throughput" in at.success[0].value
+    else:
+        assert "No fix measured faster" in texts(at)
+
+    # it ends on Compare: one baseline trial and one candidate trial of the same round
+    link = next(p.proto for p in at.get("page_link") if p.proto.page == "compare")
+    pair = dict(kv.split("=") for kv in link.query_string.split("&"))
+    a, b = int(pair["a"]), int(pair["b"])
+    rounds = list(zip(result["baseline"]["runs"], result["candidates"][0]["runs"], strict=True))
+    assert (a, b) in rounds
+    with RunStore(opt_home) as store:
+        sa, sb = store.steps(a), store.steps(b)
+    pair_ratio = f"{speedup_ci(per_sample(sa), per_sample(sb), statistic='mean').ratio:.2f}x"
+    assert metrics(at)[f"run #{b} vs #{a}"] == pair_ratio
+    compare = open_page("compare", a=str(a), b=str(b))
+    no_errors(compare)
+    assert metrics(compare)["speed-up B vs A"] == pair_ratio  # the inline headline = Compare's
+
+    # the page can be left and reopened from the URL or the run's list of experiments
+    again = open_page("optimize", experiment=str(experiment_id))
+    no_errors(again)
+    assert again.query_params["run"] == str(run_id)
+    assert table_with(again, "candidate")["speed-up"].iloc[0] == c["speedup"]
+    past = table_with(open_page("optimize", run=str(run_id)), "outcome")
+    mine = past[past["id"] == experiment_id].iloc[0]
+    assert mine["open"] == f"optimize?run={run_id}&experiment={experiment_id}"
+    assert "completed" in mine["status"]
+
+
+def test_optimize_cancel_ends_a_running_experiment(opt_home: Path, optimizable) -> None:
+    run_id = optimizable["ids"]["ib"]
+    auto_fix_ids(opt_home, run_id)
+    experiment_id = start_experiment(
+        opt_home, run_id, fixes=["dataloader_workers"], steps=10_000, trials=1, timeout_s=300
+    )
+    deadline = time.monotonic() + 120
+    with RunStore(opt_home) as store:  # wait for its first trial job to be running
+        while not (trials := trial_runs(store, experiment_id, status="running")):
+            assert time.monotonic() < deadline, store.experiment(experiment_id)
+            time.sleep(0.5)
+        pid = store.experiment(experiment_id)["pid"]
+
+    form = open_page("optimize", run=str(run_id))  # one experiment per run at a time
+    no_errors(form)
+    assert f"Experiment {experiment_id} on this run is running" in texts(form)
+    assert form.button(key="apply").disabled and "still running" in texts(form)
+
+    at = open_page("optimize", run=str(run_id), experiment=str(experiment_id))
+    no_errors(at)
+    assert "0 of 2 trial runs · now: baseline" in at.get("progress")[0].proto.text
+    at.button(key="cancel").click().run()
+    no_errors(at)
+    assert "Stopping" in texts(at) and at.button(key="cancel").disabled
+    row = wait_ended(opt_home, experiment_id, timeout=120)
+    assert (row["status"], row["error"]) == ("failed", "interrupted")
+    with RunStore(opt_home) as store:
+        assert store.run(trials[0])["status"] == "interrupted"  # its trial was ended too
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    at.run()
+    no_errors(at)
+    assert f"Experiment {experiment_id} was cancelled" in texts(at)
+    assert not [b for b in at.button if b.key == "cancel"]
+
+
+def test_optimize_failed_run_and_failed_experiment(opt_home: Path, optimizable) -> None:
+    """A run that failed after 3 steps: explained, still tried, and the experiment's
+    failure (its baseline fails the same way) shown with its error and run."""
+    run_id = optimizable["ids"]["fail"]
+    at = open_page("optimize", run=str(run_id))
+    no_errors(at)
+    with RunStore(opt_home) as store:
+        error = store.run(run_id)["error"]
+    assert f"Run {run_id} failed after 3 steps ({error})" in at.warning[0].value
+    at.button(key="diagnose").click().run()
+    no_errors(at)
+    only_fixes(at, run_id, {"cpu_threads"})
+    at.number_input(key="opt_trials").set_value(1)
+    at.button(key="apply").click().run()
+    experiment_id = int(at.query_params["experiment"])
+    row = wait_ended(opt_home, experiment_id, timeout=120)
+    assert row["status"] == "failed" and "the baseline failed" in row["error"]
+    at.run()
+    assert not at.exception
+    assert [e.value for e in at.error] == [f"Experiment {experiment_id} failed: {row['error']}"]
+    failed_trial = row["progress"]["run_id"]
+    link = next(p.proto for p in at.get("page_link") if "failed trial" in p.proto.label)
+    assert link.query_string == f"run={failed_trial}"
+
+
+def _a100_run(home: Path) -> int:
+    """A run holding a real A100 trace (NCCL, 3 steps), diagnosed: GPU-only fixes."""
+    from stepscope.analyzers.diagnosis import diagnose_run
+
+    with RunStore(home) as store:
+        run_id = store.create_run(["python", "train.py"], name="a100", status="completed")
+        store.add_artifact(run_id, "trace", trace_path(A100))
+        store.finish_run(run_id, "completed", exit_code=0)
+        diagnose_run(store, run_id)
+    return run_id
+
+
+def test_optimize_marks_numerics_and_consent(tmp_path: Path, monkeypatch) -> None:
+    home = tmp_path / "home"
+    run_id = _a100_run(home)
+    monkeypatch.setenv("STEPSCOPE_HOME", str(home))
+    with RunStore(home) as store:
+        fixes = {x["id"]: x for f in store.findings(run_id) for x in f["fixes"]}
+    consent = [i for i, x in fixes.items() if x["needs_consent"]]
+    numerics = [
+        i
+        for i, x in fixes.items()
+        if x["auto"] and x["changes_numerics"] and not x["needs_consent"]
+    ]
+    advice = [x for x in fixes.values() if not x["auto"]]
+    assert consent == ["larger_batch"] and "bf16_autocast" in numerics and advice
+
+    at = open_page("optimize", run=str(run_id))
+    no_errors(at)
+    box = at.checkbox(key=f"fix_{run_id}_larger_batch")
+    assert box.disabled and not box.value and "needs consent" in box.label
+    for fix_id in numerics:
+        box = at.checkbox(key=f"fix_{run_id}_{fix_id}")
+        assert box.value and not box.disabled and "changes numerics" in box.label
+    assert all(x["title"] in texts(at) for x in advice)  # listed, but not as checkboxes
+    assert not [b for b in at.checkbox if b.key.endswith(advice[0]["id"])]
+
+    at.toggle(key=f"allow_numerics_{run_id}").set_value(True).run()
+    box = at.checkbox(key=f"fix_{run_id}_larger_batch")
+    assert not box.disabled and not box.value  # allowed, still the user's to check
+    box.check().run()
+    notes = table_with(at, "numerics")
+    assert notes.loc[notes["fix"] == "larger_batch", "parameters"].iloc[0] == "factor=2"
+    at.toggle(key=f"allow_numerics_{run_id}").set_value(False).run()
+    assert not at.checkbox(key=f"fix_{run_id}_larger_batch").value  # locked again, unchecked
+
+
+def test_optimize_refusals_are_one_line(tmp_path: Path, monkeypatch) -> None:
+    """Findings saved by another stepscope (a fix id this one does not know): start_experiment
+    refuses, in one line; findings with only code-change advice: nothing to apply."""
+    home = tmp_path / "home"
+    run_id = _a100_run(home)
+    monkeypatch.setenv("STEPSCOPE_HOME", str(home))
+    with RunStore(home) as store:
+        found = store.findings(run_id)
+        renamed = [dict(f, fixes=[dict(x, id=x["id"] + "_v0") for x in f["fixes"]]) for f in found]
+        store.save_findings(run_id, renamed, found[0]["level"])
+    at = open_page("optimize", run=str(run_id))
+    assert not at.exception
+    at.button(key="apply").click().run()
+    assert not at.exception
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1 and errors[0].startswith("Not started: unknown fix '")
+    assert "\n" not in errors[0]
+    with RunStore(home) as store:
+        assert store.experiments(run_id) == []  # nothing was started
+
+        advice_only = [dict(f, fixes=[x for x in f["fixes"] if not x["auto"]]) for f in found]
+        store.save_findings(run_id, advice_only, found[0]["level"])
+    at = open_page("optimize", run=str(run_id))
+    no_errors(at)
+    assert "can be applied without changing its code" in texts(at)
+    assert not [b for b in at.button if b.key == "apply"] and not at.checkbox
+
+    at = open_page("optimize", experiment="999")
+    assert not at.exception
+    assert [e.value for e in at.error] == [f"no experiment with id 999 in {home} (?experiment=999)"]

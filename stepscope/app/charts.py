@@ -413,3 +413,55 @@ def loss_overlay(steps: Mapping[str, pd.DataFrame]) -> go.Figure | None:
     fig.update_xaxes(title="step")
     fig.update_yaxes(title="loss")
     return _layout(fig, 300)
+
+
+def fix_speedups(fixes: Sequence[Mapping[str, Any]]) -> go.Figure | None:
+    """Per fix: the measured speed-up with its 95 % interval, and the predicted bounds.
+
+    A bound is a ceiling, not an estimate, so it is drawn as a tick the bar should stay
+    under; a bar beyond it means the diagnosis under-read the share it could win back.
+    None when no fix was measured.
+    """
+    rows = [f for f in fixes if f.get("measured") is not None]
+    if not rows:
+        return None
+    names = [f["id"] for f in rows]
+    measured = [float(f["measured"]) for f in rows]
+    lo = [
+        m - float(f["ci"][0]) if f.get("ci") else 0.0 for m, f in zip(measured, rows, strict=True)
+    ]
+    hi = [
+        float(f["ci"][1]) - m if f.get("ci") else 0.0 for m, f in zip(measured, rows, strict=True)
+    ]
+    colors = [
+        "#54A24B" if f.get("kept") else "#E45756" if f.get("verdict") == "slower" else "#BAB0AC"
+        for f in rows
+    ]
+    fig = go.Figure()
+    fig.add_bar(
+        x=measured,
+        y=names,
+        orientation="h",
+        name="measured",
+        marker_color=colors,
+        error_x={"type": "data", "symmetric": False, "array": hi, "arrayminus": lo},
+        hovertemplate="%{y}: %{x:.2f}x measured<extra></extra>",
+    )
+    for key, label, symbol in (
+        ("predicted", "bound (diagnosis)", "line-ns"),
+        ("predicted_in_experiment", "bound (these trials)", "diamond-tall"),
+    ):
+        xs = [f.get(key) for f in rows]
+        if any(x is not None for x in xs):
+            fig.add_scatter(
+                x=xs,
+                y=names,
+                mode="markers",
+                name=label,
+                marker={"symbol": symbol, "size": 16, "color": "#333", "line": {"width": 2}},
+                hovertemplate="%{y}: ≤ %{x:.2f}x<extra>" + label + "</extra>",
+            )
+    fig.add_vline(x=1.0, line_dash="dot", line_color="#888")
+    fig.update_xaxes(title="speed-up (x), throughput", rangemode="tozero")
+    fig.update_yaxes(autorange="reversed")
+    return _layout(fig, 120 + 40 * len(rows))

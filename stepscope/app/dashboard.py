@@ -32,6 +32,12 @@ PAGES = [
         icon=":material/compare_arrows:",
         url_path="compare",
     ),
+    st.Page(
+        VIEWS / "optimize.py",
+        title="Optimize",
+        icon=":material/science:",
+        url_path="optimize",
+    ),
 ]
 
 page = st.navigation(PAGES)

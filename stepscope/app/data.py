@@ -324,12 +324,45 @@ def _depths(lane: np.ndarray, ts: np.ndarray, end: np.ndarray) -> np.ndarray:
 
 
 def run_choices(home: str) -> pd.DataFrame:
-    """id, name, status of every run (newest first): the pickers' options."""
+    """id, name, status, parent run of every run (newest first): the pickers' options."""
+    cols = ["id", "name", "status", "parent_run_id"]
     with open_store(home) as store:
         runs = store.runs()
     if runs.empty:
-        return pd.DataFrame(columns=["id", "name", "status"])
-    return runs[["id", "name", "status"]].astype({"id": int})
+        return pd.DataFrame(columns=cols)
+    return runs[cols].astype({"id": int})
+
+
+# -- experiments -------------------------------------------------------------------------
+def experiment_row(home: str, experiment_id: int) -> dict[str, Any] | None:
+    """One experiment (uncached: its progress is what a running page polls); None if absent.
+
+    Reading it also fails an experiment whose process vanished (the store reconciles),
+    so a page never waits on a dead one.
+    """
+    with open_store(home) as store:
+        try:
+            return store.experiment(experiment_id)
+        except LookupError:
+            return None
+
+
+def run_experiments(home: str, run_id: int) -> list[dict[str, Any]]:
+    """The experiments on ``run_id`` as their baseline, newest first."""
+    with open_store(home) as store:
+        return store.experiments(run_id)
+
+
+@st.cache_data(max_entries=256, show_spinner=False)
+def finished_steps(home: str, run_id: int) -> pd.DataFrame:
+    """Steps of a run that has ended (a completed experiment's trial runs): read once."""
+    with open_store(home) as store:
+        return store.steps(run_id)
+
+
+def findings_marker(found: list[dict[str, Any]]) -> tuple[Any, ...]:
+    """What invalidates fix plans cached for a run: its findings being replaced."""
+    return (len(found), max((f.get("created_at") or 0 for f in found), default=0))
 
 
 # -- figures derived from samples and run rows ------------------------------------------

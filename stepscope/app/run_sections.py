@@ -85,8 +85,16 @@ def step_charts(d: data.RunData, report: Any | None) -> None:
 def findings_section(home: str, run_id: int, found: list[dict[str, Any]]) -> None:
     st.subheader("Diagnosis")
     if not found:
-        _diagnose_button(home, run_id)
+        diagnose_button(home, run_id)
         return
+    if any(fix.get("auto") for f in found for fix in f.get("fixes") or []):
+        st.page_link(
+            "views/optimize.py",
+            label="Apply and compare…",
+            icon=":material/science:",
+            query_params={"run": str(run_id)},
+            help="re-run the job with the automatic fixes applied, and measure the gain",
+        )
     for i, f in enumerate(found):
         _finding(f, i)
 
@@ -144,7 +152,8 @@ def _fix(fix: dict[str, Any]) -> None:
         st.code(fix["snippet"], language="python")
 
 
-def _diagnose_button(home: str, run_id: int) -> None:
+def diagnose_button(home: str, run_id: int) -> None:
+    """The Diagnose action of a run without findings (the Run and Optimize pages)."""
     try:
         from stepscope.analyzers.diagnosis import diagnose_run
     except ImportError:

@@ -1,0 +1,353 @@
+"""The Optimize page once an experiment exists (``?run=ID&experiment=EID``).
+
+While it runs: a progress bar that polls the store (the experiment is a process of
+its own, so the page can be closed and reopened) and a Cancel button. When it has
+ended: the verdict first (which fixes to keep, the combined speed-up), then the
+ablation behind it, predicted against measured per fix, and the way into the Compare
+view on one baseline trial and one trial of the best candidate.
+
+Every figure shown is the stored result's (``stepscope optimize --json``), so the page
+and the CLI never disagree; only the inline before/after headline is computed here,
+from the two trial runs it links to, the way the Compare page computes it.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from stepscope.analyzers.step_stats import summarize_steps
+from stepscope.app import charts, data, ui
+from stepscope.app.speed import compare_speed
+from stepscope.optim_runner.experiment import cancel_experiment
+from stepscope.optim_runner.stats import timed_step_times
+
+
+def header(row: dict[str, Any]) -> None:
+    cfg = row.get("config") or {}
+    st.subheader(f"Experiment {row['id']}")
+    ui.status_badge(row["status"])
+    started = datetime.fromtimestamp(row["created_at"]).strftime("%Y-%m-%d %H:%M:%S")
+    took = ""
+    if row.get("ended_at"):
+        took = f" · took {(row['ended_at'] - row['created_at']) / 60:.1f} min"
+    st.caption(
+        f"started {started}{took} · fixes: {', '.join(cfg.get('fixes') or []) or '—'} · "
+        f"{cfg.get('trials', '?')} trials × {cfg.get('steps', '?')} steps per arm"
+        + (" · numerics may change" if cfg.get("allow_numerics") else "")
+    )
+
+
+# -- running ---------------------------------------------------------------------------------
+def progress_bar(progress: dict[str, Any]) -> None:
+    """Done/total trial runs and what runs now, from the experiment's progress record."""
+    done, total = int(progress.get("done") or 0), progress.get("total")
+    if not total:
+        st.progress(0.0, text="Starting the experiment…")
+        return
+    text = f"{done} of {total} trial runs"
+    arm = progress.get("arm")
+    if arm:
+        fixes = ", ".join(progress.get("fixes") or []) or "no fixes"
+        now = "now" if progress.get("event") == "trial_start" else "last"
+        text += (
+            f" · {now}: {arm} ({fixes}), trial {int(progress.get('trial') or 0) + 1} "
+            f"of {progress.get('trials', '?')}"
+        )
+        if progress.get("phase") == "confirm":
+            text += " · confirming the kept fixes together"
+    st.progress(min(1.0, done / int(total)), text=text)
+    if progress.get("event") == "trial_end" and progress.get("status") == "failed":
+        st.caption(
+            f":material/warning: {arm} failed in run {progress.get('run_id')}: "
+            f"{_first_line(progress.get('error'))}; the other arms go on without it."
+        )
+
+
+@st.fragment(run_every=data.LIVE_REFRESH_S)
+def live_progress(home: str, experiment_id: int) -> None:
+    """Redrawn every couple of seconds; the whole page once the experiment has ended."""
+    with ui.errors_as_one_line():
+        row = data.experiment_row(home, experiment_id)
+    if row is None or row["status"] != "running":
+        st.rerun(scope="app")
+    progress_bar(row.get("progress") or {})
+
+
+def cancel_button(home: str, experiment_id: int) -> None:
+    """SIGTERM to the experiment: its running trial is ended, then it records the stop."""
+    asked = st.session_state.get(f"cancel_asked_{experiment_id}", False)
+    if st.button(
+        "Cancel",
+        key="cancel",
+        icon=":material/cancel:",
+        disabled=asked,
+        help="stopping: waiting for the running trial to end" if asked else "stop the experiment",
+    ):
+        with ui.errors_as_one_line(), data.open_store(home) as store:
+            sent = cancel_experiment(store, experiment_id)
+        st.session_state[f"cancel_asked_{experiment_id}"] = sent
+        st.rerun()  # sent or not (it had just ended), the page shows what is true now
+    if asked:
+        st.info(
+            "Stopping: the running trial is ended first, then the experiment records what it has.",
+            icon=":material/hourglass_bottom:",
+        )
+
+
+def running_view(home: str, row: dict[str, Any]) -> None:
+    live_progress(home, int(row["id"]))
+    cancel_button(home, int(row["id"]))
+    st.caption(
+        "The experiment runs in a process of its own: this page can be closed and "
+        "reopened (the URL names the experiment)."
+    )
+
+
+# -- ended badly -------------------------------------------------------------------------------
+def failed_view(row: dict[str, Any]) -> None:
+    error = _first_line(row.get("error")) or "no error recorded"
+    progress = row.get("progress") or {}
+    done, total = progress.get("done") or 0, progress.get("total") or "?"
+    if error == "interrupted":
+        st.warning(
+            f"Experiment {row['id']} was cancelled after {done} of {total} trial runs: "
+            "nothing was measured to the end.",
+            icon=":material/cancel:",
+        )
+    else:
+        st.error(f"Experiment {row['id']} failed: {error}", icon=":material/error:")
+    failed_run = progress.get("run_id") if progress.get("status") == "failed" else None
+    if failed_run:
+        st.page_link(
+            "views/run.py",
+            label=f"Open the failed trial, run {failed_run} (its error and log)",
+            icon=":material/open_in_new:",
+            query_params={"run": str(failed_run)},
+        )
+    runs = (row.get("result") or {}).get("runs") or progress.get("runs") or {}
+    recorded = [f"{arm} {', '.join(f'#{r}' for r in ids)}" for arm, ids in runs.items() if ids]
+    if recorded:
+        st.caption("Trial runs recorded: " + " · ".join(recorded))
+
+
+# -- the result ----------------------------------------------------------------------------------
+def _x(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}x"
+
+
+def _ci(ci: list[float] | None) -> str:
+    return "—" if not ci else f"{ci[0]:.2f}–{ci[1]:.2f}x"
+
+
+def _first_line(text: Any) -> str:
+    lines = str(text or "").strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def _quality(c: dict[str, Any]) -> str:
+    if c.get("quality_ok") is None:
+        return "—" if c["status"] == "failed" else "not checked"
+    return "kept" if c["quality_ok"] else "changed"
+
+
+def verdict(result: dict[str, Any]) -> None:
+    """Which fixes to keep and what they gave together: the answer, before the evidence."""
+    best, base = result["best"], result["baseline"]
+    if best.get("fixes"):
+        how = "confirmed in trials of its own" if best.get("confirmed") else "measured"
+        st.success(
+            f"Keep **{', '.join(best['fixes'])}**: {_x(best['speedup'])} the throughput "
+            f"(95 % CI {_ci(best['ci'])}, {how}), with the loss kept.",
+            icon=":material/check_circle:",
+        )
+    else:
+        st.info(
+            "No fix measured faster with the loss kept: keep the job as it is.",
+            icon=":material/info:",
+        )
+    cols = st.columns(4)
+    cols[0].metric(
+        "speed-up of the kept fixes",
+        _x(best.get("speedup")),
+        delta=best.get("verdict"),
+        delta_color="green" if best.get("verdict") == "faster" else "gray",
+        delta_arrow="up" if best.get("verdict") == "faster" else "off",
+        help="throughput (mean seconds per sample) against the baseline trials",
+    )
+    cols[1].metric("baseline samples/s", ui.fmt_num(base.get("samples_per_s")))
+    cols[2].metric("baseline median step", ui.fmt_s(base.get("step_time_median_s")))
+    warm = base.get("warmup") or {}
+    cols[3].metric(
+        "warm-up left out",
+        f"{warm.get('steps', 0)} steps",
+        help="per trial; " + (f"{warm['time_s']:.2f} s on average" if warm.get("time_s") else ""),
+    )
+    st.caption(
+        f"{result['trials']} trials × {result['steps']} steps per arm, interleaved with the "
+        "arm order rotated each trial, so machine drift hits every arm; ratios with "
+        "bootstrap 95 % intervals, a quality guard on the losses."
+    )
+
+
+def ablation_table(result: dict[str, Any]) -> None:
+    st.markdown("**Ablation**: every candidate against the baseline trials")
+    rows = []
+    for c in result["candidates"]:
+        step = c.get("step_time") or {}
+        failed = c["status"] == "failed"
+        rows.append(
+            {
+                "candidate": c["name"],
+                "fixes": ", ".join(c["fixes"]),
+                "status": (c.get("failure") or "failed") if failed else c["status"],
+                "speed-up": c.get("speedup"),
+                "95 % CI": _ci(c.get("ci")),
+                "verdict": c.get("verdict") or "—",
+                "median step ratio": step.get("ratio"),
+                "loss": _quality(c),
+                "why": _first_line(c.get("error"))
+                if failed
+                else _first_line((c.get("quality") or {}).get("reason")),
+                "trial runs": ", ".join(f"#{r}" for r in c.get("runs") or []),
+            }
+        )
+    st.dataframe(
+        pd.DataFrame(rows),
+        hide_index=True,
+        key="ablation",
+        column_config={
+            "speed-up": st.column_config.NumberColumn(
+                format="%.2fx", help="throughput: mean seconds per sample, baseline/candidate"
+            ),
+            "median step ratio": st.column_config.NumberColumn(
+                format="%.2fx", help="median step time, baseline/candidate"
+            ),
+            "why": st.column_config.TextColumn(width="large"),
+        },
+    )
+
+
+def per_fix(result: dict[str, Any]) -> None:
+    st.markdown("**Predicted vs measured**, per fix")
+    rows = [
+        {
+            "fix": f["id"],
+            "parameters": ", ".join(f"{k}={v}" for k, v in (f.get("params") or {}).items()),
+            "bound (diagnosis)": f.get("predicted"),
+            "bound (these trials)": f.get("predicted_in_experiment"),
+            "measured": f.get("measured"),
+            "95 % CI": _ci(f.get("ci")),
+            "verdict": f.get("verdict") or f.get("status"),
+            "against": f.get("against"),
+            "kept": "✓ keep" if f.get("kept") else "—",
+        }
+        for f in result["fixes"]
+    ]
+    x = st.column_config.NumberColumn
+    st.dataframe(
+        pd.DataFrame(rows),
+        hide_index=True,
+        key="per_fix",
+        column_config={
+            "bound (diagnosis)": x(format="≤ %.2fx", help="Amdahl bound from the diagnosed run"),
+            "bound (these trials)": x(
+                format="≤ %.2fx", help="the bound again from the data wait of the baseline trials"
+            ),
+            "measured": x(format="%.2fx"),
+        },
+    )
+    fig = charts.fix_speedups(result["fixes"])
+    if fig is not None:
+        st.plotly_chart(fig, key="fix_speedups")
+    why = [f"`{f['id']}`: {f['why_params']}" for f in result["fixes"] if f.get("why_params")]
+    if why:
+        st.caption("Parameters: " + " · ".join(why))
+
+
+def pair_for_compare(home: str, result: dict[str, Any]) -> tuple[int, int, str] | None:
+    """(baseline trial, candidate trial, candidate) to open in Compare; None if none ran.
+
+    The candidate is the kept set's (else all fixes together, else any that completed);
+    of its trials, the one whose ratio to the baseline trial of the same round is
+    nearest the experiment's: the pair shows what the experiment measured, not an outlier.
+    """
+    done = [c for c in result["candidates"] if c["status"] == "completed" and c.get("runs")]
+    if not done:
+        return None
+    by_name = {c["name"]: c for c in done}
+    cand = by_name.get(result["best"].get("candidate") or "") or by_name.get("all") or done[0]
+    base = result["baseline"]
+    base_runs = base.get("confirm_runs") if cand["name"] == "confirm" else base.get("runs")
+    pairs = list(zip(base_runs or [], cand["runs"], strict=False))
+    if not pairs:
+        return None
+    target = math.log(cand["speedup"]) if cand.get("speedup") else 0.0
+
+    def distance(pair: tuple[int, int]) -> float:
+        head = compare_speed(
+            data.finished_steps(home, pair[0]), data.finished_steps(home, pair[1])
+        ).headline
+        return abs(math.log(head.ratio) - target) if head is not None else math.inf
+
+    a, b = min(pairs, key=distance)
+    return int(a), int(b), cand["name"]
+
+
+def before_after(home: str, result: dict[str, Any]) -> None:
+    """The inline headline of one baseline/candidate pair, and the way into Compare."""
+    st.subheader("Before and after")
+    with ui.errors_as_one_line():
+        pair = pair_for_compare(home, result)
+    if pair is None:
+        st.info("No candidate completed, so there is nothing to compare with the baseline.")
+        return
+    a, b, name = pair
+    steps_a, steps_b = data.finished_steps(home, a), data.finished_steps(home, b)
+    speed = compare_speed(steps_a, steps_b)
+    cols = st.columns([1, 1, 2], vertical_alignment="center")
+    if speed.headline is not None:
+        ui.ratio_metric(cols[0], f"run #{b} vs #{a}", speed.headline, help=speed.basis)
+    rate = [summarize_steps(steps)["samples_per_s"] for steps in (steps_a, steps_b)]
+    cols[1].metric("samples/s", f"{ui.fmt_num(rate[0])} → {ui.fmt_num(rate[1])}")
+    cols[2].page_link(
+        "views/compare.py",
+        label=f"Compare baseline trial #{a} with {name} trial #{b}",
+        icon=":material/compare_arrows:",
+        query_params={"a": str(a), "b": str(b)},
+    )
+    st.caption(
+        f"One trial of each ({speed.headline.describe() if speed.headline else 'no ratio'}, "
+        f"{speed.basis}): the pair nearest the experiment's figure. Compare shows their "
+        "breakdowns, step times, losses, system timelines and settings side by side."
+    )
+    cand = next(c for c in result["candidates"] if c["name"] == name)
+    base_runs = (
+        result["baseline"].get("confirm_runs") if name == "confirm" else result["baseline"]["runs"]
+    )
+    pooled = {
+        "baseline (all trials)": _pooled(home, base_runs or []),
+        f"{name} (all trials)": _pooled(home, cand["runs"]),
+    }
+    st.plotly_chart(charts.step_time_distributions(pooled), key="pooled_distributions")
+
+
+def _pooled(home: str, runs: list[int]) -> np.ndarray:
+    parts = [timed_step_times(data.finished_steps(home, r)) for r in runs]
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def result_view(home: str, row: dict[str, Any]) -> None:
+    result = row.get("result") or {}
+    if not result.get("candidates"):
+        st.warning(f"Experiment {row['id']} ended without a result.", icon=":material/warning:")
+        return
+    verdict(result)
+    ablation_table(result)
+    per_fix(result)
+    before_after(home, result)
