@@ -559,6 +559,13 @@ def trial_runs(store: RunStore, experiment_id: int, status: str | None = None) -
     ]
 
 
+def process_gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def wait_ended(home: Path, experiment_id: int, timeout: float = EXPERIMENT_TIMEOUT_S) -> dict:
     deadline = time.monotonic() + timeout
     with RunStore(home) as store:
@@ -646,7 +653,9 @@ def test_optimize_apply_and_compare(opt_home: Path, optimizable) -> None:
     if best["fixes"]:
         assert f"{best['speedup']:.2f}x the throughput" in at.success[0].value
     else:
+        c = result["candidates"][0]
         assert "No fix measured faster" in texts(at)
+        assert f"all {c['speedup']:.2f}x (95 % CI {c['ci'][0]:.2f}–{c['ci'][1]:.2f}x" in texts(at)
 
     # it ends on Compare: one baseline trial and one candidate trial of the same round
     link = next(p.proto for p in at.get("page_link") if p.proto.page == "compare")
@@ -701,7 +710,10 @@ def test_optimize_cancel_ends_a_running_experiment(opt_home: Path, optimizable) 
     assert (row["status"], row["error"]) == ("failed", "interrupted")
     with RunStore(opt_home) as store:
         assert store.run(trials[0])["status"] == "interrupted"  # its trial was ended too
-    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    deadline = time.monotonic() + 30  # it wrote its end; now it exits
+    while not process_gone(pid):
+        assert time.monotonic() < deadline, f"experiment process {pid} still alive"
+        time.sleep(0.2)
     at.run()
     no_errors(at)
     assert f"Experiment {experiment_id} was cancelled" in texts(at)

@@ -167,8 +167,14 @@ def verdict(result: dict[str, Any]) -> None:
             icon=":material/check_circle:",
         )
     else:
+        measured = [
+            f"{c['name']} {_x(c['speedup'])} (95 % CI {_ci(c['ci'])}, {c['verdict']})"
+            for c in result["candidates"]
+            if c.get("speedup") is not None
+        ]
         st.info(
-            "No fix measured faster with the loss kept: keep the job as it is.",
+            "No fix measured faster with the loss kept: keep the job as it is."
+            + (f" Measured: {'; '.join(measured)}." if measured else ""),
             icon=":material/info:",
         )
     cols = st.columns(4)
