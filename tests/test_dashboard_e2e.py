@@ -1,11 +1,14 @@
 """End to end in a real browser: `stepscope dashboard` served over a store of real runs,
 driven by headless Chromium (Debian's, through Playwright).
 
-The input-bound example is recorded twice (as is, and with the fix by hand: DataLoader
-workers); the test opens the runs page, opens the run, checks its figures (and, when
-the diagnosis module exists, clicks Diagnose and checks the I/O finding), then opens
-the comparison and checks the measured speed-up. Screenshots go to the test's folder,
-and to $STEPSCOPE_SCREENSHOTS when set (that is how docs/screenshots/ is made).
+The store holds one recorded run of the input-bound example. The test opens the runs
+page, opens the run, checks its figures, clicks Diagnose and checks the I/O finding,
+follows "Apply and compare…" to the Optimize page, keeps only the DataLoader-workers
+fix, clicks Apply and compare and waits for the real experiment to end, checks the
+measured speed-up shown against the stored result, then follows the page's link into
+Compare and checks its headline against the two trial runs. Screenshots go to the
+test's folder, and to $STEPSCOPE_SCREENSHOTS when set (that is how docs/screenshots/
+is made).
 
 Skipped with a reason when Chromium or Playwright is missing, except under CI=true,
 where a missing browser fails: CI installs both, so a skip there would hide a break.
@@ -23,6 +26,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 from dashboard_helpers import REPO, cli_env, record
 
@@ -42,6 +47,7 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
 ]
 LOAD_TIMEOUT_MS = 90_000
+EXPERIMENT_TIMEOUT_S = 300
 
 
 def _require_browser() -> None:
@@ -84,24 +90,11 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 90) -> None
 
 @pytest.fixture(scope="module")
 def store_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An input-bound run and the same job with DataLoader workers (the fix, by hand)."""
+    """One input-bound run, profiled for two steps: the run a user would start from."""
     _require_browser()
     home = tmp_path_factory.mktemp("e2e") / "home"
-    # 30 steps: with fewer, the workers' run is all start-up and prefetch bursts (its
-    # step times swing between 5 and 200 ms) and the interval of the ratio contains 1
     opts = ("--max-steps", "30", "--profile-at", "3", "--profile-steps", "2")
     record(home, "input-bound", "input_bound.py", "--steps", "32", opts=opts)
-    record(
-        home,
-        "input-bound-workers",
-        "input_bound.py",
-        "--steps",
-        "32",
-        "--num-workers",
-        "4",
-        "--persistent-workers",
-        opts=opts,
-    )
     return home
 
 
@@ -169,41 +162,47 @@ def _no_error_on_page(page) -> None:
     assert errors.count() == 0, errors.all_inner_texts()
 
 
-def test_runs_run_diagnose_compare_in_chromium(
+def _per_sample(steps: pd.DataFrame) -> np.ndarray:
+    """Seconds per sample of the timed steps: what the throughput ratio is made of."""
+    duration = steps["end_s"] - steps["start_s"]
+    return timed_step_times(steps.assign(end_s=steps["start_s"] + duration / steps["batch_size"]))
+
+
+def _wait_experiment(home: Path, experiment_id: int) -> dict:
+    deadline = time.monotonic() + EXPERIMENT_TIMEOUT_S
+    with RunStore(home) as store:
+        while (row := store.experiment(experiment_id))["status"] == "running":
+            assert time.monotonic() < deadline, f"still running: {row['progress']}"
+            time.sleep(1.0)
+    return row
+
+
+def _x(value: float) -> str:
+    return f"{value:.2f}x"
+
+
+def test_runs_run_diagnose_optimize_compare_in_chromium(
     dashboard: str, store_home: Path, tmp_path: Path
 ) -> None:
     from playwright.sync_api import expect, sync_playwright
 
     with RunStore(store_home) as store:
         base_id = store.resolve_run("input-bound")
-        fix_id = store.resolve_run("input-bound-workers")
-        base_steps, fix_steps = store.steps(base_id), store.steps(fix_id)
-    base = summarize_steps(base_steps)
-    ci = speedup_ci(timed_step_times(base_steps), timed_step_times(fix_steps))
-    try:
-        import stepscope.analyzers.diagnosis  # noqa: F401
-
-        has_diagnosis = True
-    except ImportError:
-        has_diagnosis = False
+        base = summarize_steps(store.steps(base_id))
 
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000}, color_scheme="light")
         page.set_default_timeout(LOAD_TIMEOUT_MS)
         try:
-            # runs page: both runs, newest first in the picker
+            # runs page: the one run; open it through the picker's "Open run" link
             page.goto(dashboard)
             expect(page.get_by_role("heading", name="Runs")).to_be_visible()
-            expect(page.get_by_text("2 of 2 runs")).to_be_visible()
+            expect(page.get_by_text("1 of 1 runs")).to_be_visible()
             _no_error_on_page(page)
             _screenshot(page, "runs", tmp_path)
-
-            # open the input-bound run through the picker and the "Open run" link
-            page.get_by_test_id("stSelectbox").first.click()
-            page.get_by_role("option", name=re.compile(r"input-bound \(")).click()
             open_link = page.get_by_role("link", name="Open run")
-            expect(open_link).to_have_attribute("href", f"run?run={base_id}")  # after the rerun
+            expect(open_link).to_have_attribute("href", f"run?run={base_id}")
             open_link.click()
             page.wait_for_url(re.compile(rf"/run\?run={base_id}$"))
             expect(page.get_by_role("heading", name=f"Run {base_id} · input-bound")).to_be_visible()
@@ -215,31 +214,77 @@ def test_runs_run_diagnose_compare_in_chromium(
             expect(page.get_by_text("Step-time breakdown")).to_be_visible()
             _no_error_on_page(page)
 
-            if has_diagnosis:
-                page.get_by_role("button", name="Diagnose").click()
-                with RunStore(store_home) as store:
-                    deadline = time.monotonic() + LOAD_TIMEOUT_MS / 1000
-                    while not store.findings(base_id) and time.monotonic() < deadline:
-                        time.sleep(0.5)
-                    found = store.findings(base_id)
-                io = [f for f in found if f["class"] == "io"]
-                assert io, found  # the job waits on its loader
-                expect(page.get_by_text(io[0]["title"])).to_be_visible()
-                expect(page.get_by_text("I/O", exact=True).first).to_be_visible()
-                _no_error_on_page(page)
+            # diagnose: the I/O finding, with the way to apply its fixes next to it
+            page.get_by_role("button", name="Diagnose").click()
+            apply_link = page.get_by_role("link", name="Apply and compare…")
+            expect(apply_link).to_be_visible()
+            with RunStore(store_home) as store:
+                found = store.findings(base_id)
+            io = [f for f in found if f["class"] == "io"]
+            assert io, found  # the job waits on its loader
+            expect(page.get_by_text(io[0]["title"])).to_be_visible()
+            expect(page.get_by_text("I/O", exact=True).first).to_be_visible()
+            _no_error_on_page(page)
             _screenshot(page, "run", tmp_path)
 
-            # compare: from the runs page's link (the two newest runs, older as baseline)
-            page.get_by_test_id("stSidebarNav").get_by_role("link", name="Runs").click()
-            expect(page.get_by_text("2 of 2 runs")).to_be_visible()
-            page.get_by_role("link", name=f"Compare #{base_id} → #{fix_id}").click()
-            page.wait_for_url(re.compile(rf"/compare\?a={base_id}&b={fix_id}$"))
-            expect(page.get_by_text(f"{ci.ratio:.2f}x", exact=True)).to_be_visible()
-            expect(page.get_by_text(ci.describe(), exact=False)).to_be_visible()
+            # optimize: keep only the DataLoader workers, 2 trials of 30 steps per arm
+            apply_link.click()
+            page.wait_for_url(re.compile(rf"/optimize\?run={base_id}$"))
+            expect(page.get_by_role("heading", name=f"Optimize run {base_id}")).to_be_visible()
+            boxes = page.get_by_test_id("stCheckbox")
+            expect(boxes.first).to_be_visible()
+            for i in range(boxes.count()):
+                box = boxes.nth(i)
+                if "dataloader_workers" not in box.inner_text():
+                    box.locator("label").click()
+                    expect(box.locator("input")).not_to_be_checked()
+            expect(
+                page.get_by_text("2 arms (the baseline, all checked fixes together)")
+            ).to_be_visible()
+            trials = page.get_by_role("spinbutton", name="trials per arm")
+            trials.fill("2")
+            trials.press("Enter")
+            expect(page.get_by_text("× 2 trials = 4 trial runs")).to_be_visible()
+            _no_error_on_page(page)
+            page.get_by_role("button", name="Apply and compare").click()
+            page.wait_for_url(re.compile(rf"/optimize\?run={base_id}&experiment=\d+$"))
+            experiment_id = int(page.url.rsplit("=", 1)[1])
+            expect(page.get_by_role("button", name="Cancel")).to_be_visible()
+            row = _wait_experiment(store_home, experiment_id)
+            assert row["status"] == "completed", row["error"]
+            result = row["result"]
+            assert [c["fixes"] for c in result["candidates"]] == [["dataloader_workers"]]
+            workers = result["candidates"][0]
+            # the page follows the experiment by itself (no reload): the measured speed-up
+            shown = page.get_by_text(f"{_x(workers['speedup'])} (95 % CI", exact=False)
+            if result["best"]["fixes"]:
+                shown = page.get_by_test_id("stAlertContentSuccess").get_by_text(
+                    f"{_x(result['best']['speedup'])} the throughput", exact=False
+                )
+            expect(shown.first).to_be_visible(timeout=30_000)
+            expect(page.get_by_role("button", name="Cancel")).to_have_count(0)
+            expect(page.get_by_role("heading", name="Experiments on this run")).to_be_visible()
+            expect(page.get_by_test_id("stPlotlyChart")).to_have_count(2)  # per fix, pooled
+            _no_error_on_page(page)
+            _screenshot(page, "optimize", tmp_path)
+
+            # ... and it ends on Compare: a baseline trial against a workers trial
+            compare_link = page.get_by_role("link", name=re.compile(r"^Compare baseline trial"))
+            href = compare_link.get_attribute("href") or ""
+            pair = dict(kv.split("=") for kv in href.split("?", 1)[1].split("&"))
+            a, b = int(pair["a"]), int(pair["b"])
+            assert a in result["baseline"]["runs"] and b in workers["runs"]
+            with RunStore(store_home) as store:
+                sa, sb = store.steps(a), store.steps(b)
+            ci = speedup_ci(_per_sample(sa), _per_sample(sb), statistic="mean")
+            compare_link.click()
+            page.wait_for_url(re.compile(rf"/compare\?a={a}&b={b}$"))
+            headline = page.get_by_test_id("stMetric").filter(has_text="speed-up B vs A")
+            expect(headline.get_by_test_id("stMetricValue")).to_have_text(_x(ci.ratio))
             # the verdict as the delta under the ratio; its value is the machine's business
-            # (4 workers usually win by 4-8x, but a neighbour's load can eat that)
-            expect(page.get_by_test_id("stMetricDelta").get_by_text(ci.verdict)).to_be_visible()
-            expect(page.get_by_text("added: --num-workers 4 --persistent-workers")).to_be_visible()
+            expect(headline.get_by_test_id("stMetricDelta")).to_contain_text(ci.verdict)
+            expect(page.get_by_text(f"Throughput: {ci.describe()}", exact=False)).to_be_visible()
+            expect(page.get_by_text("What changed")).to_be_visible()
             _no_error_on_page(page)
             _screenshot(page, "compare", tmp_path)
         except Exception:
