@@ -340,6 +340,7 @@ def before_after(home: str, result: dict[str, Any]) -> None:
         "baseline (all trials)": _pooled(home, base_runs or []),
         f"{name} (all trials)": _pooled(home, cand["runs"]),
     }
+    st.markdown("**Step times of every trial**, baseline and candidate (timed steps)")
     st.plotly_chart(charts.step_time_distributions(pooled), key="pooled_distributions")
 
 
