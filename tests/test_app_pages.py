@@ -4,6 +4,9 @@ One store is recorded for the module (an input-bound run with a 2-step trace, a
 dense-compute run without one, a job that fails); every figure a page shows is
 checked against what the store and the analyzers say, and every button against its
 effect (a capture request file, findings in the store, a TensorBoard that answers).
+The Optimize page gets a store of its own, since its experiments add trial runs: a short
+input-bound run and a failing job, on which the buttons start, follow and cancel real
+experiments (one fix, few steps: about 40 s in all).
 """
 
 from __future__ import annotations
@@ -438,6 +441,10 @@ def test_live_job_capture_button_and_live_badge(tmp_path: Path, monkeypatch) -> 
         request = json.loads(capture_request_path(home / "runs" / str(run_id)).read_text())
         assert request["steps"] == 2
         assert request["id"][:8] in at.success[0].value
+        opt = open_page("optimize", run=str(run_id))  # not a baseline while it runs
+        no_errors(opt)
+        assert f"Run {run_id} is still running" in texts(opt)
+        assert not [b for b in opt.button if b.key == "apply"]
         # the job serves it: a trace of exactly the requested steps lands in the store
         deadline = time.monotonic() + 120
         traces = []

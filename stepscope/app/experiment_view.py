@@ -318,7 +318,12 @@ def before_after(home: str, result: dict[str, Any]) -> None:
     speed = compare_speed(steps_a, steps_b)
     cols = st.columns([1, 1, 2], vertical_alignment="center")
     if speed.headline is not None:
-        ui.ratio_metric(cols[0], f"run #{b} vs #{a}", speed.headline, help=speed.basis)
+        ui.ratio_metric(
+            cols[0],
+            f"run #{b} vs #{a}",
+            speed.headline,
+            help=f"this pair of trials, on {speed.basis}; > 1 means the candidate is faster",
+        )
     rate = [summarize_steps(steps)["samples_per_s"] for steps in (steps_a, steps_b)]
     cols[1].metric("samples/s", f"{ui.fmt_num(rate[0])} → {ui.fmt_num(rate[1])}")
     cols[2].page_link(
