@@ -28,7 +28,7 @@ import streamlit as st
 
 from stepscope.analyzers.step_stats import summarize_steps
 from stepscope.analyzers.trace_load import Trace, TraceError, load_trace
-from stepscope.store import RunNotFound, RunStore, StoreError
+from stepscope.store import ExperimentNotFound, RunNotFound, RunStore, StoreError
 from stepscope.store.store import default_home
 
 #: seconds a running job's data is reused before the store is read again
@@ -343,7 +343,7 @@ def experiment_row(home: str, experiment_id: int) -> dict[str, Any] | None:
     with open_store(home) as store:
         try:
             return store.experiment(experiment_id)
-        except LookupError:
+        except ExperimentNotFound:
             return None
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from stepscope.optim_runner.stats import SpeedupCI, speedup_ci, timed_step_times
+from stepscope.optim_runner.stats import SpeedupCI, sec_per_sample, speedup_ci, timed_step_times
 
 
 @dataclass(frozen=True)
@@ -37,20 +37,6 @@ class Speed:
     @property
     def basis(self) -> str:
         return "throughput" if self.throughput is not None else "median step time"
-
-
-def sec_per_sample(steps: pd.DataFrame) -> np.ndarray | None:
-    """Seconds per sample of the timed steps; None unless every step knows its batch.
-
-    The same exclusions as ``timed_step_times`` (warm-up, profiled steps), applied to
-    each step's time divided by its batch size, as the experiment runner does.
-    """
-    if steps.empty or "batch_size" not in steps or not steps["batch_size"].notna().all():
-        return None
-    scaled = steps.copy()
-    duration = steps["end_s"] - steps["start_s"]
-    scaled["end_s"] = steps["start_s"] + duration / steps["batch_size"].astype(float).clip(lower=1)
-    return timed_step_times(scaled)
 
 
 def _ratio(base: np.ndarray | None, cand: np.ndarray | None, statistic: str) -> SpeedupCI | None:

@@ -50,7 +50,7 @@ import numpy as np
 from stepscope.optim_runner import plan as planning
 from stepscope.optim_runner.plan import PlannedFix
 from stepscope.optim_runner.quality import check_quality, loss_series
-from stepscope.optim_runner.stats import SpeedupCI, speedup_ci, timed_step_times
+from stepscope.optim_runner.stats import SpeedupCI, sec_per_sample, speedup_ci, timed_step_times
 
 DEFAULT_STEPS = 30
 DEFAULT_TRIALS = 3
@@ -121,8 +121,7 @@ def run_experiment(
     nothing to try, ExperimentError when the baseline fails, KeyboardInterrupt when
     stopped; the experiment row says so in each case.
     """
-    if steps < 2 or trials < 1:
-        raise ValueError("an experiment needs at least 2 steps and 1 trial per arm")
+    _check_size(steps, trials)
     baseline_run = store.run(baseline_run_id)
     if not baseline_run.get("command"):
         raise ValueError(f"run {baseline_run_id} has no recorded command to re-run")
@@ -550,7 +549,7 @@ class _Figures:
     def samples_per_s(self) -> float | None:
         if self.sec_per_sample is None or not self.sec_per_sample.size:
             return None
-        return round(1.0 / float(np.median(self.sec_per_sample)), 3)
+        return round(1.0 / float(np.mean(self.sec_per_sample)), 3)  # throughput: a mean
 
     def warmup(self) -> dict[str, Any]:
         """Warm-up excluded from the figures: steps per trial and mean time."""
@@ -573,16 +572,9 @@ def _figures(store: Any, runs: list[int]) -> _Figures:
         times.append(timed_step_times(steps))
         summary = summarize_steps(steps)
         warmups.append((summary["warmup_steps"], summary["warmup_time_s"]))
-        if "batch_size" in steps and steps["batch_size"].notna().all():
-            # the same exclusions as the step times, on seconds per sample
-            scaled = steps.copy()
-            scaled["end_s"] = scaled["start_s"] + (steps["end_s"] - steps["start_s"]) / steps[
-                "batch_size"
-            ].clip(lower=1)
-            per_sample.append(timed_step_times(scaled))
+        per_sample.append(sec_per_sample(steps))
+        if per_sample[-1] is not None:
             batches.append(float(steps["batch_size"].median()))
-        else:
-            per_sample.append(None)
     pooled = np.concatenate(times) if times else np.zeros(0)
     sps = None
     if per_sample and all(p is not None for p in per_sample):
@@ -710,6 +702,11 @@ def _estimate_trial_s(store: Any, run: dict[str, Any], steps: int) -> float | No
 
 
 # -- background use (the dashboard) ------------------------------------------------------
+def _check_size(steps: int, trials: int) -> None:
+    if steps < 2 or trials < 1:
+        raise ValueError("an experiment needs at least 2 steps and 1 trial per arm")
+
+
 def start_experiment(
     home: str | os.PathLike[str],
     baseline_run_id: int,
@@ -729,6 +726,7 @@ def start_experiment(
     """
     from stepscope.store import RunStore
 
+    _check_size(steps, trials)
     with RunStore(home) as store:
         planned = planning.choose_fixes(store, baseline_run_id, fixes, allow_numerics)
         if not planned:

@@ -21,7 +21,7 @@ import pandas as pd
 
 from stepscope.analyzers.step_stats import default_warmup
 
-__all__ = ["SpeedupCI", "speedup_ci", "timed_step_times"]
+__all__ = ["SpeedupCI", "sec_per_sample", "speedup_ci", "timed_step_times"]
 
 FASTER = "faster"
 SLOWER = "slower"
@@ -152,3 +152,17 @@ def timed_step_times(steps: pd.DataFrame, warmup: int | None = None) -> np.ndarr
         keep &= ~df["profiled"].fillna(0).astype(bool)
     timed = df[keep]
     return (timed["end_s"] - timed["start_s"]).clip(lower=0.0).to_numpy(dtype=float)
+
+
+def sec_per_sample(steps: pd.DataFrame) -> np.ndarray | None:
+    """Seconds per sample of the timed steps; None unless every step knows its batch.
+
+    The same exclusions as ``timed_step_times`` (warm-up, profiled steps), applied to
+    each step's time divided by its batch size: throughput is the mean of these.
+    """
+    if steps.empty or "batch_size" not in steps or not steps["batch_size"].notna().all():
+        return None
+    scaled = steps.copy()
+    duration = steps["end_s"] - steps["start_s"]
+    scaled["end_s"] = steps["start_s"] + duration / steps["batch_size"].astype(float).clip(lower=1)
+    return timed_step_times(scaled)

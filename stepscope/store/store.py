@@ -37,6 +37,10 @@ class RunNotFound(LookupError):
     """No run matches what the user typed."""
 
 
+class ExperimentNotFound(LookupError):
+    """No experiment with that id."""
+
+
 def default_home() -> Path:
     return Path(os.environ.get("STEPSCOPE_HOME") or Path.home() / ".stepscope").expanduser()
 
@@ -465,13 +469,13 @@ class RunStore:
             )
 
     def experiment(self, experiment_id: int) -> dict[str, Any]:
-        """One experiment with its JSON columns decoded; LookupError when there is none."""
+        """One experiment with its JSON columns decoded; ExperimentNotFound when none."""
         self.reconcile_experiments()
         row = self._conn.execute(
             "SELECT * FROM experiments WHERE id=?", (experiment_id,)
         ).fetchone()
         if row is None:
-            raise LookupError(f"no experiment with id {experiment_id}")
+            raise ExperimentNotFound(f"no experiment with id {experiment_id}")
         return _decode_experiment(row)
 
     def experiments(self, baseline_run_id: int | None = None) -> list[dict[str, Any]]:
