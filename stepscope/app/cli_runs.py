@@ -11,8 +11,9 @@ import json
 import math
 import sys
 import time
-from datetime import datetime
 from typing import Any
+
+from stepscope.app.formats import fmt_num, fmt_s, fmt_time, missing
 
 # Samples shown in the readable view of `show` (JSON carries every metric).
 _SHOWN_SAMPLES = (
@@ -41,7 +42,7 @@ def run_row(store: Any, run: dict[str, Any], steps: Any) -> dict[str, Any]:
     from stepscope.analyzers.step_stats import summarize_steps
 
     summary = summarize_steps(steps)
-    run = {k: None if _isnan(v) else v for k, v in run.items()}  # pandas NaN -> None
+    run = {k: None if missing(v) else v for k, v in run.items()}  # pandas NaN -> None
     return {
         "id": int(run["id"]),
         "name": run["name"],
@@ -99,7 +100,7 @@ def run_summary(store: Any, run_id: int) -> dict[str, Any]:
     out["events"] = [
         {
             "t": e.t,
-            "rank": None if _isnan(e.rank) else int(e.rank),
+            "rank": None if missing(e.rank) else int(e.rank),
             "level": e.level,
             "source": e.source,
             "message": e.message,
@@ -176,9 +177,9 @@ def cmd_runs(as_json: bool) -> int:
             _status_text(r["status"]),
             "" if r["exit_code"] is None else str(r["exit_code"]),
             str(r["steps"]),
-            _fmt_s(r["step_time_median_s"]),
-            _fmt_time(r["started_at"], short=True),
-            _fmt_s(r["duration_s"], digits=1),
+            fmt_s(r["step_time_median_s"]),
+            fmt_time(r["started_at"], short=True),
+            fmt_s(r["duration_s"], digits=1),
             *((_finding_text(r["top_finding"]),) if with_findings else ()),
         )
     _console().print(table)
@@ -251,8 +252,8 @@ def _print_show(d: dict[str, Any]) -> None:
         head.add_row("error", str(d["error"]))
     if d["stop_reason"]:
         head.add_row("stop reason", str(d["stop_reason"]))
-    head.add_row("started", _fmt_time(d["started_at"]))
-    head.add_row("duration", _fmt_s(d["duration_s"], digits=1))
+    head.add_row("started", fmt_time(d["started_at"]))
+    head.add_row("duration", fmt_s(d["duration_s"], digits=1))
     if d["device"]:
         head.add_row("device", ", ".join(f"{k}={v}" for k, v in d["device"].items()))
     head.add_row("folder", d["run_dir"])
@@ -263,15 +264,15 @@ def _print_show(d: dict[str, Any]) -> None:
     st.add_column(justify="right")
     ranks = d["ranks"]
     st.add_row("steps", f"{d['steps']}" + (f" over {len(ranks)} ranks" if len(ranks) > 1 else ""))
-    st.add_row("warm-up (excluded)", f"{d['warmup_steps']} steps, {_fmt_s(d['warmup_time_s'])}")
+    st.add_row("warm-up (excluded)", f"{d['warmup_steps']} steps, {fmt_s(d['warmup_time_s'])}")
     if d["profiled_steps"]:
         st.add_row("profiled (excluded)", str(d["profiled_steps"]))
-    st.add_row("median step time", _fmt_s(d["step_time_median_s"]))
-    st.add_row("p95 step time", _fmt_s(d["step_time_p95_s"]))
+    st.add_row("median step time", fmt_s(d["step_time_median_s"]))
+    st.add_row("p95 step time", fmt_s(d["step_time_p95_s"]))
     if d["device_step_time_median_s"] is not None:
-        st.add_row("median device time", _fmt_s(d["device_step_time_median_s"]))
-    st.add_row("steps/s", _fmt_num(d["steps_per_s"]))
-    st.add_row("samples/s", _fmt_num(d["samples_per_s"]))
+        st.add_row("median device time", fmt_s(d["device_step_time_median_s"]))
+    st.add_row("steps/s", fmt_num(d["steps_per_s"]))
+    st.add_row("samples/s", fmt_num(d["samples_per_s"]))
     share = d["data_wait_share"]
     st.add_row("waiting for data", "—" if share is None else f"{share * 100:.1f} % of step time")
     if d["loss_first"] is not None:
@@ -310,7 +311,7 @@ def _print_show(d: dict[str, Any]) -> None:
         ev.add_column("source")
         ev.add_column("message", overflow="fold")
         for e in d["events"]:
-            ev.add_row(_fmt_time(e["t"], clock=True), e["level"], e["source"], e["message"])
+            ev.add_row(fmt_time(e["t"], clock=True), e["level"], e["source"], e["message"])
         console.print(ev)
 
 
@@ -338,32 +339,9 @@ def _duration(run: dict[str, Any]) -> float | None:
     if start is None:
         return None
     end = run.get("ended_at")
-    if end is None or _isnan(end):
+    if end is None or missing(end):
         return time.time() - start if run.get("status") == "running" else None
     return float(end - start)
-
-
-def _fmt_time(t: float | None, clock: bool = False, short: bool = False) -> str:
-    if t is None or _isnan(t):
-        return "—"
-    fmt = "%H:%M:%S" if clock else "%m-%d %H:%M" if short else "%Y-%m-%d %H:%M:%S"
-    return datetime.fromtimestamp(t).strftime(fmt)
-
-
-def _fmt_s(s: float | None, digits: int | None = None) -> str:
-    if s is None or _isnan(s):
-        return "—"
-    if digits is not None:
-        return f"{s:.{digits}f} s"
-    if s < 1e-3:
-        return f"{s * 1e6:.0f} µs"
-    if s < 1:
-        return f"{s * 1e3:.1f} ms"
-    return f"{s:.2f} s"
-
-
-def _fmt_num(x: float | None) -> str:
-    return "—" if x is None or _isnan(x) else f"{x:.3g}" if x < 100 else f"{x:,.0f}"
 
 
 def _fmt_kind(x: float, kind: str) -> str:
@@ -382,14 +360,6 @@ def _fmt_bytes(x: float) -> str:
             return f"{x:.0f} {unit}" if unit == "B" else f"{x:.1f} {unit}"
         x /= 1024
     return f"{x:.1f} TiB"
-
-
-def _isnan(x: Any) -> bool:
-    if x is None:
-        return True
-    if not isinstance(x, float):
-        return False
-    return math.isnan(x)
 
 
 def _jsonable(obj: Any) -> Any:

@@ -7,7 +7,6 @@ be found on the page as it is.
 
 from __future__ import annotations
 
-import math
 import shlex
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -16,6 +15,9 @@ from typing import Any, NoReturn
 import streamlit as st
 
 from stepscope.app.data import one_line, user_errors
+from stepscope.app.formats import fmt_num as fmt_num  # re-exported: pages use ui.fmt_*
+from stepscope.app.formats import fmt_s as fmt_s
+from stepscope.app.formats import missing
 
 #: status -> (badge colour, icon): running is the only live one, so it alone is blue
 STATUS_STYLE: dict[str, tuple[str, str]] = {
@@ -45,32 +47,13 @@ HOW_TO_PROFILE = "stepscope run --profile-at 5 --profile-steps 3 -- python train
 
 
 # -- numbers -------------------------------------------------------------------------
-def _missing(x: Any) -> bool:
-    return x is None or (isinstance(x, float) and math.isnan(x))
-
-
-def fmt_s(s: float | None) -> str:
-    """Seconds the way `stepscope show` prints them (µs / ms / s)."""
-    if _missing(s):
-        return "—"
-    if s < 1e-3:
-        return f"{s * 1e6:.0f} µs"
-    if s < 1:
-        return f"{s * 1e3:.1f} ms"
-    return f"{s:.2f} s"
-
-
-def fmt_num(x: float | None) -> str:
-    return "—" if _missing(x) else f"{x:.3g}" if x < 100 else f"{x:,.0f}"
-
-
 def fmt_pct(share: float | None, digits: int = 1) -> str:
-    return "—" if _missing(share) else f"{share * 100:.{digits}f} %"
+    return "—" if missing(share) else f"{share * 100:.{digits}f} %"
 
 
 def fmt_bytes(x: float | None, digits: int | None = None) -> str:
     """Binary units; ``digits`` significant digits for narrow places (metric tiles)."""
-    if _missing(x):
+    if missing(x):
         return "—"
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(x) < 1024 or unit == "TiB":
@@ -84,7 +67,7 @@ def fmt_bytes(x: float | None, digits: int | None = None) -> str:
 def fmt_command(command: Any) -> str:
     if isinstance(command, list):
         return shlex.join(str(c) for c in command)
-    return "" if _missing(command) else str(command)
+    return "" if missing(command) else str(command)
 
 
 def failure_line(run: dict[str, Any]) -> str:

@@ -191,18 +191,8 @@ class RunStore:
         A launcher killed with SIGKILL cannot finalise its run, so every read checks
         liveness instead of trusting ``status='running'`` forever.
         """
-        import psutil
-
-        host = socket.gethostname()
-        rows = self._conn.execute(
-            "SELECT id, pid, pid_started_at, host FROM runs WHERE status='running'"
-        ).fetchall()
         changed = 0
-        for row in rows:
-            if row["host"] != host or row["pid"] is None:
-                continue
-            if _process_alive(row["pid"], row["pid_started_at"], psutil):
-                continue
+        for row in self._vanished("runs"):
             last = self._conn.execute(
                 "SELECT MAX(end_s) FROM steps WHERE run_id=?", (row["id"],)
             ).fetchone()[0]
@@ -215,6 +205,22 @@ class RunStore:
                 )
             changed += 1
         return changed
+
+    def _vanished(self, table: str) -> list[sqlite3.Row]:
+        """Rows of ``table`` still 'running' whose process on this host is gone."""
+        import psutil
+
+        host = socket.gethostname()
+        rows = self._conn.execute(
+            f"SELECT id, pid, pid_started_at, host FROM {table} WHERE status='running'"
+        ).fetchall()
+        return [
+            row
+            for row in rows
+            if row["host"] == host
+            and row["pid"] is not None
+            and not _process_alive(row["pid"], row["pid_started_at"], psutil)
+        ]
 
     def runs(self) -> pd.DataFrame:
         """All runs, newest first, with their step counts."""
@@ -496,18 +502,8 @@ class RunStore:
         Same reasoning as ``reconcile``: a killed process cannot say it stopped, and a
         dashboard polling its progress would otherwise wait forever.
         """
-        import psutil
-
-        host = socket.gethostname()
-        rows = self._conn.execute(
-            "SELECT id, pid, pid_started_at, host FROM experiments WHERE status='running'"
-        ).fetchall()
         changed = 0
-        for row in rows:
-            if row["host"] != host or row["pid"] is None:
-                continue
-            if _process_alive(row["pid"], row["pid_started_at"], psutil):
-                continue
+        for row in self._vanished("experiments"):
             with self._conn:
                 self._conn.execute(
                     "UPDATE experiments SET status='failed', ended_at=?,"
