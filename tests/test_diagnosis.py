@@ -427,3 +427,17 @@ def test_system_summary_pools_gpus() -> None:
     s = system_summary(samples)
     assert s["gpu.util_percent.mean"] == 20.0 and s["gpu1.util_percent.max"] == 30.0
     assert s["duration_s"] == 1.0
+
+
+def test_syncs_are_attributed_to_the_operator_that_issued_them() -> None:
+    from stepscope.analyzers.syncs import host_device_syncs
+    from stepscope.analyzers.trace_load import load_trace
+
+    syncs = host_device_syncs(
+        load_trace(trace_path("resnet50_v100_num_workers_0.pt.trace.json.gz"))
+    )
+    rows = {(r.call, r.op): (r.count, r.total_ns) for r in syncs.itertuples()}
+    assert rows[("cudaStreamSynchronize", "aten::copy_")] == (12, 551000)
+    assert rows[("cudaDeviceSynchronize", "")][0] == 1  # outside any operator
+    cpu = host_device_syncs(load_trace(trace_path("cpu_only_rank34.pt.trace.json.gz")))
+    assert cpu.empty and list(cpu.columns) == ["call", "op", "count", "total_ns"]
