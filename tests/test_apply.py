@@ -140,3 +140,17 @@ def test_torch_compile_of_the_model_forward(tmp_path: Path) -> None:
     fixed, run = probe(tmp_path, {"torch_compile": {}}, "--steps", "3")
     assert applied(run)["torch_compile"] == ["torch.compile(Sequential.forward)"]
     assert fixed["losses"] == pytest.approx(base["losses"], rel=1e-4)
+
+
+def test_model_search_gives_up_and_removes_its_hooks(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"fixes": {"channels_last": {}}}))
+    run_id, proc = jobs.run_job(tmp_path, "unowned_params.py", extra_env={ENV_PLAN: str(plan)})
+    assert proc.returncode == 0 and proc.stdout == "done\n", proc.stderr
+    with RunStore(tmp_path) as store:
+        notes = store.run(run_id)["config"]["applied"]
+    assert {
+        "fix": "channels_last",
+        "applied": False,
+        "change": "not applied: no top-level module owns the optimizer's parameters",
+    } in notes

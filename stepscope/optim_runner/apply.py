@@ -36,6 +36,9 @@ from collections.abc import Callable
 from typing import Any
 
 MODEL_FIXES = ("bf16_autocast", "torch_compile", "channels_last")
+# Top-level module calls looked at before the model search gives up: global hooks run on
+# every module call of the training step, so they must not stay when nothing matches.
+MODEL_SEARCH_CALLS = 50
 GLOBAL_FIXES = ("tf32", "cudnn_benchmark", "cpu_threads")
 
 
@@ -61,6 +64,7 @@ class PlanApplier:
         self._loaders_logged = 0
         self._opt_params: set[int] = set()
         self._model_found = False
+        self._searched = 0
         self._hooks: list[Any] = []
         self._tls = threading.local()
         self._autocast_ctx: Any = None
@@ -337,7 +341,18 @@ class PlanApplier:
     def _pre_hook(self, module: Any, args: tuple) -> Any:
         depth = getattr(self._tls, "depth", 0)
         self._tls.depth = depth + 1
-        if depth != 0 or self._model_found or not self._is_the_model(module):
+        if depth != 0 or self._model_found:
+            return None
+        if not self._is_the_model(module):
+            self._searched += 1
+            if self._searched >= MODEL_SEARCH_CALLS:
+                self._model_found = True  # give up: the post-hook removes the hooks
+                fixes = ", ".join(f for f in MODEL_FIXES if f in self.fixes) or "globals"
+                self._record(
+                    fixes,
+                    "not applied: no top-level module owns the optimizer's parameters",
+                    applied=False,
+                )
             return None
         self._model_found = True
         try:
@@ -357,10 +372,9 @@ class PlanApplier:
             self._hooks = []
 
     def _is_the_model(self, module: Any) -> bool:
-        params = [id(p) for p in module.parameters()]
         if self._opt_params:
-            return any(p in self._opt_params for p in params)
-        return bool(params)  # inference: the first top-level module with weights
+            return any(id(p) in self._opt_params for p in module.parameters())
+        return next(module.parameters(), None) is not None  # inference: first with weights
 
     def _adopt(self, module: Any, args: tuple) -> Any:
         """Apply the model fixes to the module; returns new args for this first call."""
