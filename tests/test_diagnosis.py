@@ -244,7 +244,11 @@ def test_no_gpu_advice_for_a_cpu_job_and_no_tf32_before_ampere() -> None:
     cpu = report(breakdown={"CPU Exec": 1.0}, device=False, ops={"aten::mm": 1.0})
     ids, skipped = _fix_ids(evidence(CPU_JOB, trace=cpu), "device_compute")
     assert not ids & {"tf32", "bf16_autocast", "cudnn_benchmark"}
-    assert skipped["bf16_autocast"].startswith("needs cuda")
+    assert skipped["bf16_autocast"] == "needs fast_bf16"
+    # a CPU that reported native bf16 (AVX512-BF16 / AMX) gets CPU autocast, no CUDA advice
+    bf16_cpu = JobContext(cuda=False, training=True, facts={"settings": {"cpu_bf16": True}})
+    ids, _ = _fix_ids(evidence(bf16_cpu, trace=cpu), "device_compute")
+    assert "bf16_autocast" in ids and not ids & {"tf32", "cudnn_benchmark"}
 
 
 def test_a_fix_in_effect_is_not_recommended_again() -> None:

@@ -125,9 +125,12 @@ def test_in_memory_examples_barely_wait(
     assert recorded["loss"].notna().any()
     finding = primary_finding(tmp_path)
     assert (finding["class"], finding["subtype"]) == verdict
-    # a CPU job gets no CUDA advice, and the reason is given
+    # a CPU job gets no CUDA advice; bf16 autocast only where the CPU reported native bf16
     fix_ids = {f["id"] for f in finding["fixes"]}
-    assert not fix_ids & {"bf16_autocast", "tf32", "pin_memory", "cudnn_benchmark"}
+    assert not fix_ids & {"tf32", "pin_memory", "cudnn_benchmark"}
+    native_bf16 = run["facts"]["settings"]["cpu_bf16"]
+    expect_bf16 = native_bf16 and verdict[1] in ("device_compute", "bandwidth")
+    assert ("bf16_autocast" in fix_ids) == expect_bf16
 
 
 def test_max_steps_stops_the_job_cleanly(tmp_path: Path) -> None:

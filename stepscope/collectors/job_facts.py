@@ -163,6 +163,27 @@ def global_facts() -> dict[str, Any]:
         "tf32_cudnn": bool(torch.backends.cudnn.allow_tf32),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
         "threads": torch.get_num_threads(),
+        "cpu_capability": _cpu_capability(torch),
+        "cpu_bf16": _cpu_bf16(torch),
         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
         or os.environ.get("PYTORCH_ALLOC_CONF"),
     }
+
+
+def _cpu_capability(torch: Any) -> str | None:
+    """The vector ISA torch dispatches CPU kernels to (e.g. 'AVX512'); None if unknown."""
+    try:
+        return str(torch.backends.cpu.get_cpu_capability())
+    except Exception:
+        return None
+
+
+def _cpu_bf16(torch: Any) -> bool | None:
+    """Whether oneDNN runs bf16 natively here (AVX512-BF16 or AMX): only then is CPU
+    autocast to bf16 worth trying; elsewhere it is emulated and slower than float32."""
+    try:
+        return bool(torch.backends.mkldnn.is_available()) and bool(
+            torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        )
+    except Exception:
+        return None

@@ -198,6 +198,7 @@ class _Context:
         loaders = (run.get("facts") or {}).get("dataloaders") or []
         self.loader_workers = max((int(ld.get("num_workers") or 0) for ld in loaders), default=0)
         self.loader_has_workers = self.loader_workers > 0
+        self.settings: dict[str, Any] = (run.get("facts") or {}).get("settings") or {}
         self._wait: LoaderWait | None = None
 
     @property
@@ -229,6 +230,8 @@ def choose_params(fix_id: str, ctx: _Context, finding: str | None) -> tuple[dict
         return {"threads": threads}, why
     if fix_id == "ddp_bucket_cap":
         return {"bucket_cap_mb": DDP_BUCKET_CAP_MB}, "twice DDP's 25 MB: half the all-reduces"
+    if fix_id == "bf16_autocast" and ctx.settings.get("cpu_bf16"):
+        return {"cpu": True}, "the CPU runs bf16 natively (AVX512-BF16 or AMX)"
     if fix_id == "larger_batch":
         return {"factor": LARGER_BATCH_FACTOR}, "twice the samples per step"
     return {}, ""

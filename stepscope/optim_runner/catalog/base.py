@@ -76,6 +76,15 @@ def _tensor_cores_bf16(ctx: JobContext) -> bool | None:
     return ctx.capability >= 8.0
 
 
+def _fast_bf16(ctx: JobContext) -> bool | None:
+    """Tensor Cores on a GPU; on a CPU job, native bf16 in oneDNN (AVX512-BF16 or AMX),
+    as the job itself reported it. A CPU nobody asked (a bare trace) counts as without:
+    emulated bf16 is several times slower than float32."""
+    if ctx.cuda is False:
+        return bool(ctx.settings.get("cpu_bf16"))
+    return _tensor_cores_bf16(ctx)
+
+
 def _tf32(ctx: JobContext) -> bool | None:
     if ctx.cuda is False or ctx.vendor == "amd":
         return False
@@ -97,6 +106,7 @@ def _supports_fused(ctx: JobContext) -> bool | None:
 REQUIREMENTS: dict[str, Callable[[JobContext], bool | None]] = {
     "cuda": _cuda,
     "bf16_tensor_cores": _tensor_cores_bf16,  # Ampere+ (sm80) or AMD CDNA2+ (MI200/MI300)
+    "fast_bf16": _fast_bf16,  # those GPUs, or a CPU with AVX512-BF16 / AMX
     "tf32": _tf32,  # NVIDIA Ampere+ only
     "training": lambda c: c.training,
     "dataloader": lambda c: c.dataloader,

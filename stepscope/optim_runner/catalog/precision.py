@@ -34,12 +34,13 @@ FIXES = (
         id="bf16_autocast",
         title="bf16 mixed precision (torch.autocast)",
         addresses=("compute/device_compute", "memory/bandwidth", "memory/capacity"),
-        requires=("cuda", "bf16_tensor_cores"),
+        requires=("fast_bf16",),
         changes_numerics=True,
         auto=True,
-        why="GEMMs and convolutions run on Tensor Cores and activations take half the "
-        "bytes; bf16 keeps float32's range, so no loss scaling is needed",
-        snippet="with torch.autocast(device_type='cuda', dtype=torch.bfloat16):\n"
+        why="GEMMs and convolutions run on Tensor Cores (or a CPU's native bf16 units) and "
+        "activations take half the bytes; bf16 keeps float32's range, so no loss scaling "
+        "is needed",
+        snippet="with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16):\n"
         "    loss = loss_fn(model(x), y)\nloss.backward()  # outside autocast",
         typical=AMP_TYPICAL,
         in_effect=_low_precision,
