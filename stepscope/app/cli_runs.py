@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from stepscope.app.formats import fmt_num, fmt_s, fmt_time, missing
+from stepscope.app.formats import fmt_bytes, fmt_num, fmt_s, fmt_time, missing
 
 # Samples shown in the readable view of `show` (JSON carries every metric).
 _SHOWN_SAMPLES = (
@@ -91,6 +91,7 @@ def run_summary(store: Any, run_id: int) -> dict[str, Any]:
         "device": run["device"],
         "env": run["env"],
         "config": run["config"],
+        "facts": run["facts"],
     }
     out.update(summary)
     out["warmup"] = {"steps": summary["warmup_steps"], "time_s": summary["warmup_time_s"]}
@@ -348,18 +349,10 @@ def _fmt_kind(x: float, kind: str) -> str:
     if kind == "pct":
         return f"{x:.0f}"
     if kind == "bytes":
-        return _fmt_bytes(x)
+        return fmt_bytes(x)
     if kind == "rate":
-        return _fmt_bytes(x) + "/s"
+        return fmt_bytes(x) + "/s"
     return f"{x:.3g}"
-
-
-def _fmt_bytes(x: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(x) < 1024:
-            return f"{x:.0f} {unit}" if unit == "B" else f"{x:.1f} {unit}"
-        x /= 1024
-    return f"{x:.1f} TiB"
 
 
 def _jsonable(obj: Any) -> Any:

@@ -38,3 +38,16 @@ def fmt_time(t: float | None, clock: bool = False, short: bool = False) -> str:
         return "—"
     fmt = "%H:%M:%S" if clock else "%m-%d %H:%M" if short else "%Y-%m-%d %H:%M:%S"
     return datetime.fromtimestamp(t).strftime(fmt)
+
+
+def fmt_bytes(x: float | None, digits: int | None = None) -> str:
+    """Binary units; ``digits`` significant digits for narrow places (metric tiles)."""
+    if missing(x):
+        return "—"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(x) < 1024 or unit == "TiB":
+            if unit == "B":
+                return f"{x:.0f} B"
+            return f"{x:.{digits}g} {unit}" if digits else f"{x:.1f} {unit}"
+        x /= 1024
+    return "—"  # unreachable: TiB takes everything left

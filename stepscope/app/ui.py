@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 import streamlit as st
 
 from stepscope.app.data import one_line, user_errors
+from stepscope.app.formats import fmt_bytes as fmt_bytes
 from stepscope.app.formats import fmt_num as fmt_num  # re-exported: pages use ui.fmt_*
 from stepscope.app.formats import fmt_s as fmt_s
 from stepscope.app.formats import missing
@@ -49,19 +50,6 @@ HOW_TO_PROFILE = "stepscope run --profile-at 5 --profile-steps 3 -- python train
 # -- numbers -------------------------------------------------------------------------
 def fmt_pct(share: float | None, digits: int = 1) -> str:
     return "—" if missing(share) else f"{share * 100:.{digits}f} %"
-
-
-def fmt_bytes(x: float | None, digits: int | None = None) -> str:
-    """Binary units; ``digits`` significant digits for narrow places (metric tiles)."""
-    if missing(x):
-        return "—"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(x) < 1024 or unit == "TiB":
-            if unit == "B":
-                return f"{x:.0f} B"
-            return f"{x:.{digits}g} {unit}" if digits else f"{x:.1f} {unit}"
-        x /= 1024
-    return "—"  # unreachable: TiB takes everything left
 
 
 def fmt_command(command: Any) -> str:
