@@ -221,3 +221,6 @@ def test_version_1_store_is_migrated(tmp_path: Path) -> None:
         (found,) = store.findings(1)
         assert found["evidence"] == [{"text": "x"}] and found["level"] == "steps"
         assert store.top_findings()[1]["subtype"] == "input_pipeline"
+        # v3: the stack tables of `stepscope attach`
+        store.add_stack_samples(1, 0.0, 5.0, [(7, 7, "MainThread", "main (t.py:1)", 3)])
+        assert store.stack_samples(1)["samples"].tolist() == [3]

@@ -2,7 +2,7 @@
 
 Each rule is a plain function ``Evidence -> Finding | None`` for one subtype of
 DESIGN.md's taxonomy; it uses the strongest evidence the run has (trace > steps >
-samples) and says which numbers it used. Thresholds are named constants with the
+stacks > samples) and says which numbers it used. Thresholds are named constants with the
 rule they come from; they were checked on the examples in ``examples/`` and the real
 traces in ``../shared/traces`` (see tests/test_diagnosis.py).
 
@@ -23,6 +23,7 @@ from typing import Any
 
 from stepscope.analyzers.evidence import Evidence, from_trace, gather
 from stepscope.analyzers.kernels import cpu_op_classes
+from stepscope.analyzers.stacks import LABELS
 from stepscope.analyzers.trace_report import TraceReport
 
 # -- thresholds ----------------------------------------------------------------------
@@ -68,7 +69,8 @@ CLASS_LABELS = {
     "memory": "memory",
     "communication": "communication",
 }
-LEVEL_CONFIDENCE = {"trace": 1.0, "steps": 0.85, "samples": 0.6, "none": 0.3}
+MODEL_PHASES = ("forward", "backward", "optimizer")  # stack phases that are the model's work
+LEVEL_CONFIDENCE = {"trace": 1.0, "steps": 0.85, "stacks": 0.75, "samples": 0.6, "none": 0.3}
 
 
 @dataclass
@@ -168,7 +170,14 @@ def _data_wait(ev: Evidence) -> tuple[float | None, str]:
         return float(ev.steps["data_wait_share"]), "step timer"
     if ev.trace is not None:
         return float(ev.trace.breakdown.get("DataLoader", 0.0)), "trace breakdown"
+    if ev.stacks is not None:
+        return float(ev.stacks["shares"]["data_loading"]), "stack samples"
     return None, ""
+
+
+def _stack_phases(ev: Evidence, phases: tuple[str, ...]) -> str:
+    shares = ev.stacks["shares"]
+    return ", ".join(f"{LABELS[p]} {_pct(shares[p])}" for p in phases)
 
 
 # -- rules ---------------------------------------------------------------------------
@@ -176,7 +185,12 @@ def input_pipeline(ev: Evidence) -> Finding | None:
     share, source = _data_wait(ev)
     if share is None or share < INPUT_MIN:
         return None
-    evidence = [_ev(f"DataLoader wait {_pct(share)} of step time", share, source)]
+    text = (
+        f"main thread in data loading {_pct(share)} of the samples"
+        if source == "stack samples"
+        else f"DataLoader wait {_pct(share)} of step time"
+    )
+    evidence = [_ev(text, share, source)]
     if ev.trace is not None and source != "trace breakdown":
         dl = float(ev.trace.breakdown.get("DataLoader", 0.0))
         evidence.append(_ev(f"DataLoader {_pct(dl)} of the profiled steps", dl, "trace breakdown"))
@@ -382,6 +396,11 @@ def device_compute(ev: Evidence) -> Finding | None:
             _ev(f"not waiting for data {_pct(share)} of step time", share, "step timer")
         )
         confidence = 0.45
+    elif ev.stacks is not None:
+        share = sum(ev.stacks["shares"][p] for p in MODEL_PHASES)
+        phases = _stack_phases(ev, MODEL_PHASES)
+        evidence.append(_ev(f"main thread in the model: {phases}", share, "stack samples"))
+        confidence = 0.6
     else:
         cores = ev.context.cpu_count or 1
         cpu = ev.system.get("proc.cpu_percent.p95")
@@ -535,7 +554,7 @@ def collectives(ev: Evidence) -> Finding | None:
 
 def host_device(ev: Evidence) -> Finding | None:
     if not _has_gpu_trace(ev):
-        return None
+        return _syncs_from_stacks(ev)
     b = ev.trace.breakdown
     copies = float(b.get("Memcpy", 0) + b.get("Memset", 0))
     syncs = ev.trace.syncs
@@ -580,6 +599,29 @@ def host_device(ev: Evidence) -> Finding | None:
         "Host-device transfers and synchronisations",
         share,
         0.7,
+        evidence,
+    )
+
+
+def _syncs_from_stacks(ev: Evidence) -> Finding | None:
+    """An attached job: the main thread sampled on lines that read tensors back."""
+    if ev.stacks is None:
+        return None
+    share = float(ev.stacks["shares"]["sync"])
+    if share < HOST_DEVICE_MIN:
+        return None
+    evidence = [
+        _ev(f"main thread waiting on syncs {_pct(share)} of the time", share, "stack samples")
+    ]
+    for s in ev.stacks["sites"]:
+        if s["category"] == "sync":
+            evidence.append(_ev(f"{s['site']}: {_pct(s['share'])}", s["share"], "stack samples"))
+    return Finding(
+        "communication",
+        "host_device",
+        "Host-device synchronisations in the loop (.item(), .cpu(), synchronize)",
+        share,
+        0.6,
         evidence,
     )
 

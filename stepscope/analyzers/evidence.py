@@ -1,9 +1,10 @@
 """Everything the diagnosis may use about one run, gathered from the store once.
 
-Three levels, each a superset of the one before, because a run has whatever its
-collectors could record: ``samples`` (system sampler only: an attached process with no
-hooks), ``steps`` (plus the step timer: data wait, step times) and ``trace`` (plus a
-profiler capture: the full breakdown, kernels, memory, communication). The diagnosis
+Four levels, each more direct than the one before, because a run has whatever its
+collectors could record: ``samples`` (system sampler only), ``stacks`` (plus Python
+stack samples of an attached process: where its main thread spends its time),
+``steps`` (the step timer of `stepscope run`: data wait, step times) and ``trace``
+(plus a profiler capture: the full breakdown, kernels, memory, communication). The diagnosis
 states which level it had, and its confidence follows from it.
 """
 
@@ -14,18 +15,20 @@ from typing import Any
 
 import pandas as pd
 
+from stepscope.analyzers.stacks import stack_summary
 from stepscope.analyzers.step_stats import summarize_steps
 from stepscope.analyzers.trace_report import TraceReport
 from stepscope.optim_runner.catalog.base import JobContext
 
-LEVELS = ("samples", "steps", "trace")
+LEVELS = ("samples", "stacks", "steps", "trace")
 
 
 @dataclass
 class Evidence:
-    level: str  # 'samples' | 'steps' | 'trace' | 'none'
+    level: str  # 'samples' | 'stacks' | 'steps' | 'trace' | 'none'
     context: JobContext
     steps: dict[str, Any] | None = None  # summarize_steps
+    stacks: dict[str, Any] | None = None  # analyzers.stacks.stack_summary
     system: dict[str, float] = field(default_factory=dict)  # 'scope.metric.stat' -> value
     trace: TraceReport | None = None
     run: dict[str, Any] | None = None  # the run's row (status, error)
@@ -143,16 +146,25 @@ def gather(store: Any, run_id: int, report: TraceReport | None = None) -> Eviden
     if context.cpu_count is None and "system.cpu_count.max" in system:
         context.cpu_count = int(system["system.cpu_count.max"])
     summary = summarize_steps(steps) if len(steps) else None
+    stacks = stack_summary(store.stack_samples(run_id))
     if report is not None:
         level = "trace"
     elif summary is not None:
         level = "steps"
+    elif stacks is not None:
+        level = "stacks"
     elif system:
         level = "samples"
     else:
         level = "none"
     return Evidence(
-        level=level, context=context, steps=summary, system=system, trace=report, run=run
+        level=level,
+        context=context,
+        steps=summary,
+        stacks=stacks,
+        system=system,
+        trace=report,
+        run=run,
     )
 
 

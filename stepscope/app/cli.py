@@ -69,6 +69,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-save", action="store_true", help="do not save the findings of runs to the store"
     )
 
+    att = sub.add_parser(
+        "attach",
+        help="record a process that is already running (no restart, no code change)",
+        description="Sample a running Python process from outside (psutil, NVML, py-spy "
+        "stacks) into a new run, then diagnose it. Ctrl-C detaches early and keeps the "
+        "recording; the process goes on untouched.",
+    )
+    att.add_argument("pid", nargs="?", type=int, help="the process (see --list)")
+    att.add_argument(
+        "--duration", type=float, default=30.0, metavar="S", help="seconds to record (default 30)"
+    )
+    att.add_argument("--name", help="run name (default: attach-<script>-<pid>)")
+    att.add_argument(
+        "--rate", type=int, default=50, metavar="HZ", help="stack samples per second (default 50)"
+    )
+    att.add_argument("--list", action="store_true", help="list the processes to attach to")
+    att.add_argument("--json", action="store_true", help="print JSON")
+    att.add_argument("--quiet", action="store_true", help="no progress and no report")
+
     opt = sub.add_parser(
         "optimize",
         help="re-run a run with fixes applied and measure the gain",
@@ -160,6 +179,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             from stepscope.app.cli_analyze import cmd_analyze
 
             return cmd_analyze(args.paths, as_json=args.json, top=args.top, save=not args.no_save)
+        if args.verb == "attach":
+            from stepscope.app.cli_attach import cmd_attach
+
+            return cmd_attach(
+                args.pid,
+                duration=args.duration,
+                name=args.name,
+                rate=args.rate,
+                as_json=args.json,
+                list_only=args.list,
+                quiet=args.quiet,
+            )
         if args.verb == "optimize":
             from stepscope.app.cli_optimize import cmd_optimize
 

@@ -154,6 +154,36 @@ def gpu_rows(
     return rows
 
 
+def gpus_and_processes() -> list[dict[str, Any]]:
+    """Each GPU's name, compute capability and the memory its processes hold (bytes by
+    pid): what an attach reads to tell a GPU job from a CPU one. [] without NVML."""
+    handles, _ = open_nvml()
+    if not handles:
+        return []
+    import pynvml
+
+    out = []
+    try:
+        for gpu in handles:
+            cap = _try(lambda g=gpu: pynvml.nvmlDeviceGetCudaComputeCapability(g.handle))
+            procs = _try(lambda g=gpu: pynvml.nvmlDeviceGetComputeRunningProcesses(g.handle))
+            used = {}
+            for p in procs or []:
+                if getattr(p, "usedGpuMemory", None) is not None:
+                    used[int(p.pid)] = used.get(int(p.pid), 0.0) + float(p.usedGpuMemory)
+            out.append(
+                {
+                    "index": gpu.index,
+                    "name": gpu.name,
+                    "capability": float(f"{cap[0]}.{cap[1]}") if cap else None,
+                    "processes": used,
+                }
+            )
+    finally:
+        close_nvml()
+    return out
+
+
 def close_nvml() -> None:
     try:
         import pynvml

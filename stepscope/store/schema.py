@@ -8,7 +8,7 @@ Bump SCHEMA_VERSION with every change and add the step to MIGRATIONS.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # Statuses a run can have. "running" is the only non-final one; a run whose launcher
 # vanished without finalising is turned into "lost" on the next read.
@@ -98,7 +98,7 @@ CREATE TABLE IF NOT EXISTS findings (
     title       TEXT NOT NULL,
     share       REAL,                       -- share of step time it costs (0..1)
     confidence  REAL NOT NULL,              -- 0..1
-    level       TEXT NOT NULL,              -- evidence level: 'samples' | 'steps' | 'trace'
+    level       TEXT NOT NULL,              -- evidence: 'samples' | 'stacks' | 'steps' | 'trace'
     evidence    TEXT NOT NULL DEFAULT '[]', -- JSON list of {text, value, source}
     fixes       TEXT NOT NULL DEFAULT '[]', -- JSON list of recommended fixes
     created_at  REAL NOT NULL,
@@ -125,10 +125,32 @@ CREATE TABLE IF NOT EXISTS experiments (
     result           TEXT NOT NULL DEFAULT '{}'   -- JSON: candidates, best, predicted vs measured
 );
 CREATE INDEX IF NOT EXISTS experiments_baseline ON experiments(baseline_run_id);
+
+-- Python stack samples of an attached process (py-spy, collectors/stack_sampler.py).
+-- A loop repeats a few hundred distinct stacks, so each is stored once per run and the
+-- windows count samples of it: a ten-minute attach stays a few hundred KB.
+CREATE TABLE IF NOT EXISTS stacks (
+    id      INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id  INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    frames  TEXT NOT NULL,                  -- outermost first, 'func (file:line)' joined by ';'
+    UNIQUE (run_id, frames)
+);
+CREATE TABLE IF NOT EXISTS stack_samples (
+    run_id    INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    t_start   REAL NOT NULL,                -- the sampling window, unix seconds
+    t_end     REAL NOT NULL,
+    pid       INTEGER NOT NULL,
+    tid       INTEGER NOT NULL,             -- OS thread id (the main thread's is the pid)
+    thread    TEXT NOT NULL,                -- thread name, e.g. 'MainThread'
+    stack_id  INTEGER NOT NULL REFERENCES stacks(id) ON DELETE CASCADE,
+    samples   INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS stack_samples_run ON stack_samples(run_id, t_start);
 """
 
 # version -> SQL that upgrades from version-1. New tables need no entry (the DDL
 # creates them with IF NOT EXISTS); new columns of existing tables do.
 MIGRATIONS: dict[int, str] = {
     2: "ALTER TABLE runs ADD COLUMN facts TEXT NOT NULL DEFAULT '{}';",  # + findings table
+    3: "",  # the stacks and stack_samples tables
 }

@@ -311,6 +311,45 @@ class RunStore:
                 "INSERT INTO samples(run_id, t, scope, metric, value) VALUES (?,?,?,?,?)", data
             )
 
+    def add_stack_samples(
+        self,
+        run_id: int,
+        t_start: float,
+        t_end: float,
+        rows: Iterable[tuple[int, int, str, str, int]],
+    ) -> int:
+        """One sampling window's (pid, tid, thread, frames, samples); returns samples added."""
+        rows = list(rows)
+        if not rows:
+            return 0
+        with self._conn:
+            self._conn.executemany(
+                "INSERT OR IGNORE INTO stacks(run_id, frames) VALUES (?, ?)",
+                [(run_id, frames) for _, _, _, frames, _ in rows],
+            )
+            self._conn.executemany(
+                "INSERT INTO stack_samples(run_id, t_start, t_end, pid, tid, thread, stack_id,"
+                " samples) SELECT ?, ?, ?, ?, ?, ?, id, ? FROM stacks"
+                " WHERE run_id = ? AND frames = ?",
+                [
+                    (run_id, t_start, t_end, pid, tid, thread, n, run_id, frames)
+                    for pid, tid, thread, frames, n in rows
+                ],
+            )
+        return sum(n for *_, n in rows)
+
+    def stack_samples(self, run_id: int) -> pd.DataFrame:
+        """The run's stack samples, one row per window, thread and distinct stack."""
+        import pandas as pd
+
+        return pd.read_sql_query(
+            "SELECT s.t_start, s.t_end, s.pid, s.tid, s.thread, k.frames, s.samples"
+            " FROM stack_samples s JOIN stacks k ON k.id = s.stack_id"
+            " WHERE s.run_id = ? ORDER BY s.t_start, s.pid, s.tid",
+            self._conn,
+            params=(run_id,),
+        )
+
     def add_artifact(
         self,
         run_id: int,

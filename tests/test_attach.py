@@ -1,0 +1,267 @@
+"""`stepscope attach`: real example jobs started as plain `python` processes (not under
+stepscope), recorded from outside with psutil and py-spy, then diagnosed."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from stepscope.analyzers.diagnosis import INPUT_HIGH
+from stepscope.store import RunStore
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+pytestmark = pytest.mark.slow
+
+
+def stepscope(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "stepscope.app.cli", "--home", str(home), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def start_job(log: Path, *args: str) -> subprocess.Popen:
+    """A plain python process in a session of its own, left running until its first
+    progress line is out (imports done, the loop under way)."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")},
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + 60
+    while not log.read_text().strip():
+        assert proc.poll() is None, f"the job ended before its first step: {log.read_text()}"
+        assert time.monotonic() < deadline, "the job printed nothing in 60 s"
+        time.sleep(0.1)
+    return proc
+
+
+@pytest.fixture
+def job(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen]]:
+    """Starts jobs (``job(*args)``) and kills each one's whole session afterwards."""
+    started: list[subprocess.Popen] = []
+
+    def start(*args: str, wait_for_output: bool = True) -> subprocess.Popen:
+        log = tmp_path / f"job{len(started)}.log"
+        if wait_for_output:
+            proc = start_job(log, *args)
+        else:
+            proc = subprocess.Popen(
+                [sys.executable, *args],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def attach_json(home: Path, pid: int, duration: float, *extra: str) -> dict:
+    out = stepscope(home, "attach", str(pid), "--duration", str(duration), "--json", *extra)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "verdict", "phase"),
+    [
+        (
+            "input_bound.py",
+            ("--steps", "2000", "--log-every", "1"),
+            ("io", "input_pipeline"),
+            "data_loading",
+        ),
+        (
+            "dense_compute.py",
+            ("--steps", "2000", "--log-every", "1"),
+            ("compute", "device_compute"),
+            None,
+        ),
+    ],
+)
+def test_attached_example_gets_its_verdict_from_stacks(
+    tmp_path: Path, job: Callable, script: str, args: tuple, verdict: tuple, phase: str | None
+) -> None:
+    proc = job(str(EXAMPLES / script), *args)
+    result = attach_json(tmp_path, proc.pid, 8)
+    assert result["status"] == "completed" and result["stop_reason"] == "duration"
+    assert proc.poll() is None, "attaching must not stop the job"
+    assert result["diagnosis_level"] == "stacks"
+    first = result["findings"][0]
+    assert (first["class"], first["subtype"]) == verdict
+    phases = {p["category"]: p["share"] for p in result["phases"]}
+    assert result["stack_samples"] >= 200  # 8 s at 50 Hz, minus py-spy's start-up
+    assert sum(phases.values()) == pytest.approx(1.0)
+    if phase == "data_loading":
+        assert phases["data_loading"] > INPUT_HIGH  # "highly input-bound"
+        assert any("__getitem__" in s["site"] for s in result["sites"][:2])
+    else:
+        assert phases["forward"] + phases["backward"] + phases["optimizer"] > 0.6
+        assert phases["data_loading"] < 0.05
+    with RunStore(tmp_path) as store:
+        run = store.run(result["run_id"])
+        assert run["config"]["attached_pid"] == proc.pid
+        assert run["device"]["seen_from"] == "attach" and "device_name" not in run["device"]
+        assert len(store.samples(result["run_id"])) > 0  # psutil beside the stacks
+        assert store.findings(result["run_id"])[0]["subtype"] == verdict[1]
+        assert store.stack_samples(result["run_id"])["samples"].sum() == result["stack_samples"]
+
+
+def test_process_that_exits_mid_attach_keeps_what_was_recorded(
+    tmp_path: Path, job: Callable
+) -> None:
+    proc = job(str(EXAMPLES / "input_bound.py"), "--steps", "25", "--log-every", "1")
+    started = time.monotonic()
+    out = stepscope(tmp_path, "attach", str(proc.pid), "--duration", "60", "--json")
+    assert out.returncode == 0, out.stderr
+    assert time.monotonic() - started < 40, "the attach must end with the process"
+    result = json.loads(out.stdout)
+    assert result["stop_reason"] == "process_ended" and result["status"] == "completed"
+    assert any(m.startswith(f"process {proc.pid} ended after") for m in result["messages"])
+    assert result["stack_samples"] > 50
+    with RunStore(tmp_path) as store:
+        events = store.events(result["run_id"])
+        assert events["message"].str.contains("ended after").any()
+        assert store.stack_samples(result["run_id"])["samples"].sum() == result["stack_samples"]
+
+
+def test_ctrl_c_detaches_and_keeps_the_recording(tmp_path: Path, job: Callable) -> None:
+    proc = job(str(EXAMPLES / "input_bound.py"), "--steps", "2000", "--log-every", "1")
+    cmd = [sys.executable, "-m", "stepscope.app.cli", "--home", str(tmp_path)]
+    attacher = subprocess.Popen(
+        [*cmd, "attach", str(proc.pid), "--duration", "120", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(8)
+    attacher.send_signal(signal.SIGINT)
+    stdout, stderr = attacher.communicate(timeout=60)
+    assert attacher.returncode == 0, stderr
+    result = json.loads(stdout)
+    assert result["status"] == "stopped" and result["stop_reason"] == "detached"
+    assert result["stack_samples"] > 100  # the window under way was written on SIGINT
+    assert proc.poll() is None, "detaching must leave the job running"
+
+
+def test_a_pid_that_does_not_exist_is_one_line_and_records_nothing(tmp_path: Path) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    out = stepscope(tmp_path, "attach", str(gone.pid), "--duration", "2")
+    assert out.returncode == 1
+    assert out.stderr.strip() == f"stepscope: no process with PID {gone.pid}"
+    with RunStore(tmp_path) as store:
+        assert store.runs().empty
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv"
+)
+def test_another_users_process_says_why_and_keeps_the_system_samples(
+    request: pytest.FixtureRequest, job: Callable
+) -> None:
+    proc = job(str(EXAMPLES / "input_bound.py"), "--steps", "2000", "--log-every", "1")
+    # pytest's tmp_path lives under a folder only root may enter
+    home = Path(tempfile.mkdtemp(prefix="stepscope-other-user-"))
+    os.chmod(home, 0o777)
+    out = subprocess.run(
+        [
+            *("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"),
+            *(sys.executable, "-m", "stepscope.app.cli", "--home", str(home)),
+            *("attach", str(proc.pid), "--duration", "4", "--json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, HOME=str(home)),
+    )
+    request.addfinalizer(lambda: shutil.rmtree(home, ignore_errors=True))
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["stack_samples"] == 0
+    stacks_off = [m for m in result["messages"] if m.startswith("no stack samples")]
+    assert stacks_off and "the OS forbids reading" in stacks_off[0]
+    with RunStore(home) as store:
+        assert store.run(result["run_id"])["status"] == "completed"
+        assert len(store.samples(result["run_id"])) > 0
+        events = store.events(result["run_id"])
+        assert events["message"].str.contains("belongs to user root").any()
+    assert result["diagnosis_level"] == "samples"
+
+
+def test_list_shows_python_processes_and_recognises_stepscope_runs(
+    tmp_path: Path, job: Callable
+) -> None:
+    plain = job(str(EXAMPLES / "input_bound.py"), "--steps", "2000", "--log-every", "1")
+    recorded = job(
+        *("-m", "stepscope.app.cli", "--home", str(tmp_path), "run", "--"),
+        *(sys.executable, str(EXAMPLES / "input_bound.py"), "--steps", "2000"),
+        wait_for_output=False,
+    )
+    deadline = time.monotonic() + 30
+    rows: dict[int, dict] = {}
+    while time.monotonic() < deadline:
+        out = stepscope(tmp_path, "attach", "--list", "--json")
+        assert out.returncode == 0, out.stderr
+        rows = {r["pid"]: r for r in json.loads(out.stdout)}
+        if any(r["run_id"] is not None for r in rows.values()):
+            break
+        time.sleep(1)
+    assert rows[plain.pid]["python"] and rows[plain.pid]["run_id"] is None
+    assert "input_bound.py" in rows[plain.pid]["command"]
+    runs = [r for r in rows.values() if r["run_id"] is not None]
+    assert len(runs) == 1 and runs[0]["run_id"] == 1
+    assert recorded.pid not in rows  # the launcher itself is stepscope's, not a job
+
+
+def test_stack_phases_agree_with_the_step_timer_on_the_same_job(
+    tmp_path: Path, job: Callable
+) -> None:
+    """Attach to a job recorded by `stepscope run`: the share of stack samples in data
+    loading must match the share of step time its step timer measured waiting for data,
+    over the same seconds."""
+    launcher = job(
+        *("-m", "stepscope.app.cli", "--home", str(tmp_path), "run", "--"),
+        *(sys.executable, str(EXAMPLES / "input_bound.py"), "--steps", "2000"),
+        wait_for_output=False,
+    )
+    deadline = time.monotonic() + 60
+    with RunStore(tmp_path) as store:
+        while store.runs().empty or len(store.steps(1)) < 3:
+            assert time.monotonic() < deadline, "the recorded job made no steps in 60 s"
+            time.sleep(0.5)
+    children = psutil.Process(launcher.pid).children()
+    (the_job,) = [c for c in children if "input_bound.py" in " ".join(c.cmdline())]
+    result = attach_json(tmp_path, the_job.pid, 8)
+    with RunStore(tmp_path) as store:
+        stacks = store.stack_samples(result["run_id"])
+        steps = store.steps(1)
+    t0, t1 = stacks["t_start"].min(), stacks["t_end"].max()
+    inside = steps[(steps["start_s"] >= t0) & (steps["end_s"] <= t1)]
+    assert len(inside) >= 10
+    timer_share = inside["data_wait_s"].sum() / (inside["end_s"] - inside["start_s"]).sum()
+    phases = {p["category"]: p["share"] for p in result["phases"]}
+    assert phases["data_loading"] == pytest.approx(timer_share, abs=0.12)
