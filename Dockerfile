@@ -2,6 +2,11 @@
 # Record a job (GPU visible to the container, NVML through the NVIDIA container toolkit):
 #   docker run --gpus all -v $PWD:/work -v stepscope-home:/home/stepscope/.stepscope \
 #       stepscope run -- python /work/train.py
+# Attach to a job running in another container (`stepscope attach PID`): py-spy reads
+# the job's memory, which needs the same PID namespace and the ptrace capability:
+#   docker run --pid container:<job> --cap-add SYS_PTRACE stepscope attach <PID>
+# (as the job's user, or root). Without them the attach still records psutil and NVML
+# samples, and says why it has no stacks.
 # The PyTorch base image already holds a CUDA build of torch, so pip keeps it
 # (pyproject asks for torch>=2.1) instead of pulling a second, CPU-only one.
 FROM pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime

@@ -59,15 +59,19 @@ def run_once(
     timings: Path,
     home: Path | None,
     run_args: list[str] | None = None,
+    attach: bool = False,
 ) -> tuple[list[float], float]:
     """One run of the example; returns (per-iteration seconds, process wall seconds).
-    `home` set: under `stepscope run` recording into that store; None: plain."""
+    `home` set: under `stepscope run` recording into that store (or, with ``attach``,
+    started plainly and recorded by `stepscope attach`); None: plain."""
     job = [sys.executable, str(REPO / "examples" / f"{example}.py"), "--timings-out", str(timings)]
     if steps is not None:
         job += ["--steps", str(steps)]
     job += extra
+    cli = [sys.executable, "-m", "stepscope.app.cli", "--home", str(home)]
+    if home is not None and attach:
+        return _run_attached(job + ["--log-every", "1"], timings, cli, run_args or [])
     if home is not None:
-        cli = [sys.executable, "-m", "stepscope.app.cli", "--home", str(home)]
         command = [*cli, "run", "--name", f"overhead-{example}", *(run_args or []), "--", *job]
     else:
         command = job
@@ -76,6 +80,32 @@ def run_once(
     wall = time.perf_counter() - started
     if proc.returncode != 0:
         sys.exit(f"bench: {' '.join(command)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    return json.loads(timings.read_text())["iteration_s"], wall
+
+
+def _run_attached(
+    job: list[str], timings: Path, cli: list[str], attach_args: list[str]
+) -> tuple[list[float], float]:
+    """The plain job, with `stepscope attach` on it from its first iteration to its end
+    (the attach ends by itself when the process does)."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(
+        job, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    proc.stdout.readline()  # the first iteration is done: imports are over
+    attach = subprocess.run(
+        [*cli, "attach", str(proc.pid), "--duration", "3600", "--quiet", *attach_args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    proc.stdout.read()
+    code = proc.wait()
+    wall = time.perf_counter() - started
+    if code != 0 or attach.returncode != 0:
+        sys.exit(
+            f"bench: attached run failed (job {code}, attach {attach.returncode}):\n{attach.stderr[-2000:]}"
+        )
     return json.loads(timings.read_text())["iteration_s"], wall
 
 
@@ -95,7 +125,14 @@ def main() -> None:
     parser.add_argument(
         "--run-args",
         default="",
-        help="options for `stepscope run` in the stepscope arm; use the = form: --run-args='--sample-interval 2'",
+        help="options for `stepscope run` (or `stepscope attach` with --attach) in the "
+        "stepscope arm; use the = form: --run-args='--sample-interval 2'",
+    )
+    parser.add_argument(
+        "--attach",
+        action="store_true",
+        help="the second arm is the plain job with `stepscope attach` on it (psutil + py-spy "
+        "stacks at 50 Hz) instead of `stepscope run`",
     )
     parser.add_argument("--json-out", metavar="FILE", help="also write the results as JSON")
     parser.add_argument("extra", nargs="*", help="more arguments for the example, after --")
@@ -112,7 +149,13 @@ def main() -> None:
                 timings = Path(tmp) / f"{pair}-{arm}.json"
                 load = os.getloadavg()[0]  # a loaded machine before the run: suspect pair
                 iters, wall = run_once(
-                    args.example, args.steps, args.extra, timings, arm_home, args.run_args.split()
+                    args.example,
+                    args.steps,
+                    args.extra,
+                    timings,
+                    arm_home,
+                    args.run_args.split(),
+                    attach=args.attach,
                 )
                 timed = iters[args.warmup :]
                 rows.append(
@@ -148,7 +191,8 @@ def main() -> None:
     else:
         ci = (float("nan"), float("nan"))
 
-    title = f"stepscope overhead: examples/{args.example}.py {args.run_args}".rstrip()
+    how = f"stepscope {'attach' if args.attach else 'run'} {args.run_args}".rstrip()
+    title = f"stepscope overhead: examples/{args.example}.py, {how}"
     table = Table(title=title)
     columns = ("pair", "arm", "median iter (ms)", "p95 iter (ms)", "iters", "process wall (s)")
     for col in (*columns, "load before"):
@@ -185,6 +229,7 @@ def main() -> None:
     if args.json_out:
         record = {
             "example": args.example,
+            "mode": "attach" if args.attach else "run",
             "date": dt.datetime.now().isoformat(timespec="seconds"),
             "machine": f"{platform.node()} {platform.machine()}, {psutil.cpu_count()} CPUs",
             "pairs": args.pairs,

@@ -108,3 +108,62 @@ def stop_job(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def start_plain_job(folder: Path, steps: int = 2000) -> subprocess.Popen:
+    """The input-bound example as a plain Python process (no stepscope in it): what the
+    Attach page attaches to. Its output goes to ``plain.log`` in ``folder``, with a
+    Python traceback there should it crash (``-X faulthandler``) while being sampled."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "plain.log", "wb") as log:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-X",
+                "faulthandler",
+                "examples/input_bound.py",
+                "--steps",
+                str(steps),
+            ],
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def job_pid(launcher: subprocess.Popen, script: str, timeout: float = 60) -> int:
+    """The pid of the job a `stepscope run` launcher started (its child running ``script``)."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for child in psutil.Process(launcher.pid).children(recursive=True):
+            try:
+                if any(a.endswith(script) for a in child.cmdline()):
+                    return child.pid
+            except psutil.Error:
+                continue
+        time.sleep(0.2)
+    raise AssertionError(f"no child of the launcher {launcher.pid} runs {script}")
+
+
+def wait_gone(pid: int, timeout: float = 60) -> None:
+    """Wait until ``pid`` has exited (a zombie counts: it has, and the store says so)."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"process {pid} still runs after {timeout} s")
+
+
+def end_process(proc: subprocess.Popen) -> None:
+    """Kill a process a test started, and reap it."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout=30)

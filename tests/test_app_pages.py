@@ -6,7 +6,11 @@ checked against what the store and the analyzers say, and every button against i
 effect (a capture request file, findings in the store, a TensorBoard that answers).
 The Optimize page gets a store of its own, since its experiments add trial runs: a short
 input-bound run and a failing job, on which the buttons start, follow and cancel real
-experiments (one fix, few steps: about 40 s in all).
+experiments (one fix, few steps: about 40 s in all). The Attach page gets a store and
+two live jobs of its own (a plain Python process and a `stepscope run` job): it lists
+them, records the plain one for a few seconds, follows and stops an attach started
+elsewhere, refuses a process that is gone in one line, and the Run page shows where an
+attached job's main thread spends its time.
 """
 
 from __future__ import annotations
@@ -14,10 +18,13 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import os
 import sqlite3
+import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -26,18 +33,24 @@ import psutil
 import pytest
 from dashboard_helpers import (
     ENTRY,
+    end_process,
+    job_pid,
     record,
     start_live_job,
+    start_plain_job,
     stepscope,
     stop_job,
+    wait_gone,
     wait_running,
 )
 from streamlit.testing.v1 import AppTest
 from traces import A100, trace_path
 
+from stepscope.analyzers.stacks import classify_samples, phase_shares, top_sites
 from stepscope.analyzers.step_stats import summarize_steps
 from stepscope.analyzers.trace_report import analyze_trace
 from stepscope.app import tb_launch, ui
+from stepscope.collectors.attach import attach_run_of, start_attach
 from stepscope.collectors.control import capture_request_path
 from stepscope.optim_runner.experiment import candidate_arms, start_experiment
 from stepscope.optim_runner.plan import choose_fixes
@@ -251,6 +264,7 @@ def test_run_page_without_trace_uses_the_step_timer(home: Path, recorded: dict) 
     tb_button = at.button(key="tensorboard")
     assert tb_button.disabled  # nothing to show: explained, not a dead button
     assert "no trace" in texts(at)
+    assert "Where the main thread spends its time" not in [s.value for s in at.subheader]
 
 
 def test_gpu_trace_views(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -829,3 +843,248 @@ def test_optimize_refusals_are_one_line(tmp_path: Path, monkeypatch) -> None:
     at = open_page("optimize", experiment="999")
     assert not at.exception
     assert [e.value for e in at.error] == [f"no experiment with id 999 in {home} (?experiment=999)"]
+
+
+# -- attach page (last: its jobs run until the module ends) -----------------------------------
+ATTACH_S = 4
+
+
+@pytest.fixture(scope="module")
+def attachable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """Two live jobs in a fresh store: the input-bound example as a plain Python process,
+    and the same under `stepscope run` (a run of the store, which the page must recognise)."""
+    home = tmp_path_factory.mktemp("attach") / "home"
+    plain = start_plain_job(home.parent)
+    managed = start_live_job(home, "managed", steps=2000)
+    try:
+        run_id = wait_running(home, "managed", min_steps=1)
+        yield {
+            "home": home,
+            "managed_run": run_id,
+            "managed_pid": job_pid(managed, "examples/input_bound.py"),
+            "launcher": managed.pid,
+            "plain_proc": plain,
+        }
+    finally:
+        stop_job(managed)
+        end_process(plain)
+
+
+@pytest.fixture
+def attach_home(attachable: dict, monkeypatch: pytest.MonkeyPatch, _isolated_store: Path) -> Path:
+    monkeypatch.setenv("STEPSCOPE_HOME", str(attachable["home"]))
+    return attachable["home"]
+
+
+@pytest.fixture(scope="module")
+def cli_attached(attachable: dict) -> int:
+    """A run recorded by `stepscope attach PID --duration 3` on the plain job."""
+    out = stepscope(
+        attachable["home"], "attach", str(plain_pid(attachable)), "--duration", "3", "--json"
+    )
+    return int(json.loads(out.stdout)["run_id"])
+
+
+def plain_pid(attachable: dict) -> int:
+    """The plain job's pid, checked alive: if it ended, say how, not "no such process"."""
+    proc = attachable["plain_proc"]
+    if proc.poll() is not None:
+        log = (attachable["home"].parent / "plain.log").read_text(errors="replace")
+        raise AssertionError(f"the plain job ended ({proc.returncode}): {log[-2000:]}")
+    return proc.pid
+
+
+def wait_attach_done(home: Path, run_id: int, timeout: float = 60) -> dict:
+    """Wait until the attach has ended its run and its process has exited (diagnosed)."""
+    deadline = time.monotonic() + timeout
+    with RunStore(home) as store:
+        while (run := store.run(run_id))["status"] == "running":
+            assert time.monotonic() < deadline, "the attach is still running"
+            time.sleep(0.2)
+    wait_gone(int(run["pid"]), timeout=timeout)
+    return run
+
+
+def test_attach_page_lists_processes_and_knows_stepscope_runs(
+    attach_home: Path, attachable: dict
+) -> None:
+    at = open_page("attach")
+    no_errors(at)
+    table = table_with(at, "stepscope")
+    rows = {int(p): r for p, r in zip(table["pid"], table.to_dict("records"), strict=True)}
+    plain, job, run_id = plain_pid(attachable), attachable["managed_pid"], attachable["managed_run"]
+    assert "examples/input_bound.py --steps 2000" in rows[plain]["command"]
+    assert rows[plain]["stepscope"] == ""
+    assert rows[plain]["memory (MiB)"] > 10 and rows[plain]["CPU %"] >= 0
+    assert rows[job]["stepscope"] == f"stepscope run {run_id}"
+    assert os.getpid() not in rows and attachable["launcher"] not in rows  # stepscope's own
+    options = at.selectbox(key="attach_pid").options
+    assert {o.split(" · ")[0] for o in options} >= {str(plain), str(job)}
+
+    # a plain process: attach, with the duration shown on the button
+    at.selectbox(key="attach_pid").set_value(plain).run()
+    at.number_input(key="attach_duration").set_value(ATTACH_S).run()
+    assert at.button(key="attach").label == f"Attach to {plain} for {ATTACH_S} s"
+    assert not [b for b in at.button if b.key == "attach_anyway"]
+
+    # a `stepscope run` job: its run and a capture first; attaching only "anyway"
+    at.selectbox(key="attach_pid").set_value(job).run()
+    no_errors(at)
+    assert f"is the job of **run {run_id}** (managed)" in texts(at)
+    link = next(p.proto for p in at.get("page_link") if p.proto.label == f"Open run {run_id}")
+    assert link.page == "run" and link.query_string == f"run={run_id}"
+    assert not [b for b in at.button if b.key == "attach"]
+    assert at.button(key="attach_anyway").proto.type != "primary"
+    at.button(key="capture").click().run()
+    no_errors(at)
+    request = json.loads(capture_request_path(attach_home / "runs" / str(run_id)).read_text())
+    assert request["steps"] == 3 and request["id"][:8] in at.success[0].value
+
+    at.button(key="attach_refresh").click().run()  # scans again
+    no_errors(at)
+    assert plain in set(table_with(at, "stepscope")["pid"])
+
+
+def test_attach_records_a_process_and_shows_the_result(attach_home: Path, attachable: dict) -> None:
+    pid = plain_pid(attachable)
+    at = open_page("attach")
+    at.selectbox(key="attach_pid").set_value(pid).run()
+    at.number_input(key="attach_duration").set_value(ATTACH_S).run()
+    at.text_input(key="attach_name").set_value("from-the-page").run()
+    at.button(key="attach").click().run()
+    no_errors(at)
+    run_id = int(at.query_params["run"])  # the page follows the run it records into
+    assert at.subheader[0].value == f"Run {run_id} · from-the-page"
+    progress = at.get("progress")[0].proto.text
+    assert progress.endswith("stack samples so far") and f"of {ATTACH_S} s" in progress
+    assert at.button(key="attach_stop")
+
+    run = wait_attach_done(attach_home, run_id)
+    with RunStore(attach_home) as store:
+        samples = store.stack_samples(run_id)
+        found = store.findings(run_id)
+    assert (run["status"], run["stop_reason"]) == ("completed", "duration")
+    assert run["config"]["mode"] == "attach" and run["config"]["attached_pid"] == pid
+    assert run["config"]["duration_s"] == ATTACH_S and samples["samples"].sum() > 0
+    at.run()
+    no_errors(at)
+    assert "completed" in texts(at) and not [b for b in at.button if b.key == "attach_stop"]
+    assert "The attach ran for the whole duration asked for." in at.success[0].value
+    shares = phase_shares(classify_samples(samples))
+    top_phase = shares.sort_values("share").iloc[-1]
+    assert f"{top_phase['label']} {ui.fmt_pct(top_phase['share'])}" in texts(at)
+    assert found and found[0]["title"] in texts(at)  # the top finding, diagnosed by the attach
+    link = next(p.proto for p in at.get("page_link") if p.proto.label.startswith("Open run"))
+    assert link.page == "run" and link.query_string == f"run={run_id}"
+
+
+def test_attach_follows_a_running_attach_and_stops_it(attach_home: Path, attachable: dict) -> None:
+    """Started elsewhere (the backend, as a reload or another browser would find it)."""
+    pid = plain_pid(attachable)
+    since = time.time()
+    proc = start_attach(pid, duration_s=120, home=attach_home)
+    try:
+        deadline = time.monotonic() + 30
+        with RunStore(attach_home) as store:
+            while (run_id := attach_run_of(store, proc.pid, since)) is None:
+                assert time.monotonic() < deadline and proc.poll() is None
+                time.sleep(0.1)
+        listing = open_page("attach")  # the recordings under way are listed
+        no_errors(listing)
+        link = next(p.proto for p in listing.get("page_link") if f"Run {run_id}" in p.proto.label)
+        assert link.page == "attach" and link.query_string == f"run={run_id}"
+        assert f"process {pid}" in link.label and "of 120 s" in link.label
+        table = table_with(listing, "stepscope")
+        assert table.loc[table["pid"] == pid, "stepscope"].iloc[0] == f"attaching: run {run_id}"
+
+        run_page = open_page("run", run=str(run_id))  # live: the way to its progress and Stop
+        no_errors(run_page)
+        assert not [b for b in run_page.button if b.key == "capture"]  # the job reads none
+        follow = next(
+            p.proto for p in run_page.get("page_link") if "Attaching now" in p.proto.label
+        )
+        assert follow.page == "attach" and follow.query_string == f"run={run_id}"
+
+        at = open_page("attach", run=str(run_id))
+        no_errors(at)
+        assert "of 120 s" in at.get("progress")[0].proto.text
+        at.button(key="attach_stop").click().run()
+        no_errors(at)
+        stops = [b for b in at.button if b.key == "attach_stop"]
+        assert ("Detaching" in texts(at) and stops[0].disabled) or not stops  # or done already
+        run = wait_attach_done(attach_home, run_id)
+        assert (run["status"], run["stop_reason"]) == ("stopped", "detached")
+        assert proc.wait(timeout=30) == 0
+        at.run()
+        no_errors(at)
+        assert "stopped" in texts(at) and "stopped early (detached)" in at.success[0].value
+        assert f"detached from process {pid} after" in texts(at)  # the attach's own line
+        at.button(key="attach_new").click().run()  # back to the list
+        assert "run" not in at.query_params and at.selectbox(key="attach_pid")
+    finally:
+        end_process(proc)
+
+
+def test_attach_when_the_process_is_gone_or_ends(attach_home: Path) -> None:
+    """Gone before the click: one line, nothing recorded. Ending while attached: the run
+    keeps what was recorded and the page says how it ended."""
+    short = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        at = open_page("attach")
+        at.selectbox(key="attach_pid").set_value(short.pid).run()
+    finally:
+        end_process(short)  # gone before the click
+    with RunStore(attach_home) as store:
+        before = len(store.runs())
+    at.button(key="attach").click().run()
+    assert not at.exception
+    assert [e.value for e in at.error] == [f"Cannot attach: no process with PID {short.pid}"]
+    assert short.pid not in set(table_with(at, "stepscope")["pid"])  # the list was refreshed
+    with RunStore(attach_home) as store:
+        assert len(store.runs()) == before  # nothing was recorded
+
+    ending = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"])
+    try:
+        at.button(key="attach_refresh").click().run()
+        at.selectbox(key="attach_pid").set_value(ending.pid).run()
+        at.button(key="attach").click().run()  # 30 s asked for; it ends after about 3
+        no_errors(at)
+        run = wait_attach_done(attach_home, int(at.query_params["run"]))
+    finally:
+        end_process(ending)
+    assert (run["status"], run["stop_reason"]) == ("completed", "process_ended")
+    at.run()
+    no_errors(at)
+    assert "The process ended while attached" in at.info[0].value
+    assert f"process {ending.pid} ended after" in texts(at)  # the attach's own line
+
+
+def test_run_page_shows_where_the_main_thread_spends_its_time(
+    attach_home: Path, cli_attached: int
+) -> None:
+    run_id = cli_attached
+    at = open_page("run", run=str(run_id))
+    no_errors(at)
+    with RunStore(attach_home) as store:
+        samples = store.stack_samples(run_id)
+        run = store.run(run_id)
+    classified = classify_samples(samples)
+    shares, sites = phase_shares(classified), top_sites(classified, 10)
+    assert "Where the main thread spends its time" in [s.value for s in at.subheader]
+    assert "Steps" not in [s.value for s in at.subheader]  # no step timer in an attach
+    assert not [b for b in at.button if b.key == "capture"]  # nor anything to capture
+    m = metrics(at)
+    assert m["process"] == str(run["config"]["attached_pid"])
+    assert m["stack samples"] == f"{int(samples['samples'].sum()):,}"
+    top = shares.sort_values("share").iloc[-1]
+    assert m[f"main thread in {top['label']}"] == ui.fmt_pct(top["share"])
+    specs = chart_specs(at)
+    bar = next(sp for sp in specs if sp["data"][0].get("orientation") == "h")
+    assert bar["data"][0]["y"] == list(shares["label"])
+    assert values(bar["data"][0]["x"]) == pytest.approx(list(shares["share"] * 100))
+    over = next(sp for sp in specs if sp["layout"].get("barmode") == "stack")
+    shown = {t["name"] for t in over["data"]}
+    assert shown == set(shares.loc[shares["share"] > 0, "label"])
+    table = table_with(at, "line")
+    assert list(table["line"]) == list(sites["site"])
+    assert table["share (%)"].to_numpy() == pytest.approx(sites["share"].to_numpy() * 100)

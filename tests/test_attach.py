@@ -113,7 +113,7 @@ def test_attached_example_gets_its_verdict_from_stacks(
     first = result["findings"][0]
     assert (first["class"], first["subtype"]) == verdict
     phases = {p["category"]: p["share"] for p in result["phases"]}
-    assert result["stack_samples"] >= 200  # 8 s at 50 Hz, minus py-spy's start-up
+    assert result["stack_samples"] >= 100  # 8 s at 20 Hz, minus py-spy's start-up
     assert sum(phases.values()) == pytest.approx(1.0)
     if phase == "data_loading":
         assert phases["data_loading"] > INPUT_HIGH  # "highly input-bound"
@@ -141,7 +141,7 @@ def test_process_that_exits_mid_attach_keeps_what_was_recorded(
     result = json.loads(out.stdout)
     assert result["stop_reason"] == "process_ended" and result["status"] == "completed"
     assert any(m.startswith(f"process {proc.pid} ended after") for m in result["messages"])
-    assert result["stack_samples"] > 50
+    assert result["stack_samples"] > 30
     with RunStore(tmp_path) as store:
         events = store.events(result["run_id"])
         assert events["message"].str.contains("ended after").any()
@@ -163,7 +163,7 @@ def test_ctrl_c_detaches_and_keeps_the_recording(tmp_path: Path, job: Callable) 
     assert attacher.returncode == 0, stderr
     result = json.loads(stdout)
     assert result["status"] == "stopped" and result["stop_reason"] == "detached"
-    assert result["stack_samples"] > 100  # the window under way was written on SIGINT
+    assert result["stack_samples"] > 100  # 8 s at 20 Hz: the window under way was written on SIGINT
     assert proc.poll() is None, "detaching must leave the job running"
 
 

@@ -6,7 +6,8 @@ page, opens the run, checks its figures, clicks Diagnose and checks the I/O find
 follows "Apply and compare…" to the Optimize page, keeps only the DataLoader-workers
 fix, clicks Apply and compare and waits for the real experiment to end, checks the
 measured speed-up shown against the stored result, then follows the page's link into
-Compare and checks its headline against the two trial runs. Screenshots go to the
+Compare and checks its headline against the two trial runs. A second test attaches to
+a plain Python job from the Attach page and follows it to its Run page. Screenshots go to the
 test's folder, and to $STEPSCOPE_SCREENSHOTS when set (that is how docs/screenshots/
 is made).
 
@@ -29,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from dashboard_helpers import REPO, cli_env, record
+from dashboard_helpers import REPO, cli_env, end_process, record, start_plain_job
 
 from stepscope.analyzers.step_stats import summarize_steps
 from stepscope.app import ui
@@ -292,3 +293,58 @@ def test_runs_run_diagnose_optimize_compare_in_chromium(
             raise
         finally:
             browser.close()
+
+
+def test_attach_to_a_running_process_in_chromium(
+    dashboard: str, store_home: Path, tmp_path: Path
+) -> None:
+    """Pick a plain Python job on the Attach page, record it for 3 s, follow the run
+    it recorded into, and open its Run page at the stack-sample section."""
+    from playwright.sync_api import expect, sync_playwright
+
+    job = start_plain_job(tmp_path)
+    try:
+        time.sleep(2)  # into its training loop (imports torch first)
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 1000}, color_scheme="light")
+            page.set_default_timeout(LOAD_TIMEOUT_MS)
+            try:
+                page.goto(dashboard + "attach")
+                expect(page.get_by_role("heading", name="Attach")).to_be_visible()
+                page.get_by_test_id("stSelectbox").filter(has_text="process").click()
+                page.get_by_role("option", name=re.compile(rf"^{job.pid} · ")).click()
+                duration = page.get_by_role("spinbutton", name="duration (s)")
+                duration.fill("3")
+                duration.press("Enter")
+                attach = page.get_by_role("button", name=f"Attach to {job.pid} for 3 s")
+                expect(attach).to_be_visible()
+                _no_error_on_page(page)
+                attach.click()
+                page.wait_for_url(re.compile(r"/attach\?run=\d+$"))
+                run_id = int(page.url.rsplit("=", 1)[1])
+                # it follows the attach by itself to the end, then shows the top finding
+                expect(page.get_by_text("The attach ran for the whole duration")).to_be_visible()
+                with RunStore(store_home) as store:
+                    run = store.run(run_id)
+                    samples = int(store.stack_samples(run_id)["samples"].sum())
+                assert run["config"]["attached_pid"] == job.pid and samples > 0
+                open_run = page.get_by_role("link", name=re.compile(rf"^Open run {run_id}:"))
+                expect(open_run).to_be_visible()
+                _no_error_on_page(page)
+                _screenshot(page, "attach", tmp_path)
+                open_run.click()
+                page.wait_for_url(re.compile(rf"/run\?run={run_id}$"))
+                expect(
+                    page.get_by_role("heading", name="Where the main thread spends its time")
+                ).to_be_visible()
+                expect(page.get_by_text("Top lines of the job's own code")).to_be_visible()
+                _no_error_on_page(page)
+                _screenshot(page, "attached-run", tmp_path)
+            except Exception:
+                page.screenshot(path=str(tmp_path / "failure.png"))
+                raise
+            finally:
+                browser.close()
+    finally:
+        end_process(job)

@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     att.add_argument("--name", help="run name (default: attach-<script>-<pid>)")
     att.add_argument(
-        "--rate", type=int, default=50, metavar="HZ", help="stack samples per second (default 50)"
+        "--rate", type=int, default=20, metavar="HZ", help="stack samples per second (default 20)"
     )
     att.add_argument("--list", action="store_true", help="list the processes to attach to")
     att.add_argument("--json", action="store_true", help="print JSON")

@@ -38,6 +38,7 @@ PAGES = [
         icon=":material/science:",
         url_path="optimize",
     ),
+    st.Page(VIEWS / "attach.py", title="Attach", icon=":material/link:", url_path="attach"),
 ]
 
 page = st.navigation(PAGES)

@@ -2,7 +2,9 @@
 
 Nothing is injected into the process: the system sampler (psutil on its process tree,
 NVML for its GPUs) and the stack sampler (py-spy) both read it from outside, so the job
-goes on untouched whatever happens here, and keeps running after we detach. The run's
+goes on whatever happens here, and keeps running after we detach. What it costs the
+job is CPU taken beside it (py-spy reading its memory 20 times a second, without
+stopping it; the samplers): `bench/overhead.py --attach` measures it. The run's
 ``pid`` is the attaching process (the liveness check of the store): an attach that is
 killed leaves a ``lost`` run with everything recorded up to then.
 
@@ -329,10 +331,11 @@ def start_attach(
     target(pid)  # no such process: the caller hears it now, not from a log
     with RunStore(home) as store:
         home_s = str(store.home)
-        log = store.home / f"attach-{pid}.log"
+    log = attach_log(home_s, pid)
+    log.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "stepscope.app.cli", "--home", home_s, "attach", str(pid)]
     cmd += ["--duration", str(duration_s), "--quiet", *(["--name", name] if name else [])]
-    with open(log, "ab") as out:
+    with open(log, "wb") as out:  # the latest attach to this pid: what its errors are
         return subprocess.Popen(
             cmd,
             stdin=subprocess.DEVNULL,
@@ -340,6 +343,12 @@ def start_attach(
             stderr=out,
             start_new_session=True,  # not killed with the dashboard's terminal
         )
+
+
+def attach_log(home: str | os.PathLike[str], pid: int) -> Path:
+    """Where a background attach to ``pid`` writes its output (one file per target,
+    rewritten by the next attach to it, so they do not pile up)."""
+    return Path(home) / "attach-logs" / f"{pid}.log"
 
 
 def attach_run_of(store: Any, attacher_pid: int, since: float) -> int | None:

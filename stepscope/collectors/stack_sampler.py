@@ -8,7 +8,10 @@ window lands in the store as soon as it is over, so a long attach shows progress
 process that dies keeps every window before the last (py-spy also writes the last one
 when the process exits).
 
-Options: ``--idle`` (a main thread blocked on a DataLoader queue or a read is exactly
+Options: ``--nonblocking`` (py-spy's default stops the process at each sample for a
+consistent stack; on a 2-core machine running a CPU-bound job that cost the job 26 %,
+against none measurable without it (bench/README.md); a rare torn sample is counted as
+a py-spy error, not misfiled), ``--idle`` (a main thread blocked on a DataLoader queue or a read is exactly
 what must be seen; py-spy drops idle threads by default), ``--threads`` (to tell the
 main thread apart), ``--subprocesses`` (``torchrun`` ranks; DataLoader workers come
 along and are left out by the analysis), ``--full-filenames`` (the job's own source
@@ -35,7 +38,10 @@ from pathlib import Path
 from typing import Any
 
 WINDOW_S = 5.0
-RATE_HZ = 50
+# 20 a second: 600 samples in a 30 s attach put a phase's share within ~2 % (one
+# standard error); 50 cost a job that keeps both cores of a 2-core machine busy with tiny
+# ops 41 % (bench/overhead.py --attach, host_overhead), 20 nothing measurable.
+RATE_HZ = 20
 STOP_TIMEOUT_S = 10.0
 START_RETRIES = 3
 START_RETRY_S = 1.0
@@ -159,7 +165,7 @@ class StackSampler:
             "record",
             *("--pid", str(self.pid), "--rate", str(self.rate_hz), "--format", "raw"),
             *("--duration", str(max(1, round(self.window_s))), "--output", str(out)),
-            *("--idle", "--threads", "--subprocesses", "--full-filenames"),
+            *("--idle", "--threads", "--subprocesses", "--full-filenames", "--nonblocking"),
         ]
         env = dict(os.environ, RUST_BACKTRACE="0", RUST_LIB_BACKTRACE="0")
         t_start = time.time()

@@ -79,7 +79,15 @@ if run["status"] in ("failed", "killed"):
     st.error(f"{run['status']}: {ui.failure_line(run)}", icon=":material/error:")
 elif run["status"] in ("lost", "interrupted"):  # stopped by someone, not broken
     st.warning(f"{run['status']}: {ui.failure_line(run)}", icon=":material/warning:")
-if live:
+attached = data.is_attach(run)  # no step timer and no bootstrap in the job: no Capture
+if live and attached:
+    st.page_link(
+        "views/attach.py",
+        label="Attaching now: follow it (progress, Stop)",
+        icon=":material/link:",
+        query_params={"run": str(run_id)},
+    )
+elif live:
     sec.capture_action(d.run_dir)
 
 
@@ -91,7 +99,23 @@ def live_headline() -> None:
         dd = data.run_data(home, run_id, data.run_marker(h))
     if live and h["status"] != "running":
         st.rerun(scope="app")  # finished: redraw everything once, then stop refreshing
-    sec.headline(dd)
+    if attached:
+        sec.attach_headline(dd, data.stack_view(home, run_id, data.run_marker(h)))
+    else:
+        sec.headline(dd)
+
+
+@st.fragment(run_every=data.LIVE_REFRESH_S if live else None)
+def live_stacks() -> None:
+    """Where the main thread spends its time; nothing at all for a run without stack
+    samples (only attached runs have them)."""
+    with ui.errors_as_one_line():
+        view = data.stack_view(home, run_id, data.run_marker(data.run_header(home, run_id)))
+    if view is not None:
+        sec.stacks_section(view)
+    elif live and attached:
+        st.subheader("Where the main thread spends its time")
+        st.info("No stack samples yet: they arrive a sampling window (a few seconds) at a time.")
 
 
 @st.fragment(run_every=data.LIVE_REFRESH_S if live else None)
@@ -122,10 +146,12 @@ with ui.errors_as_one_line():
     found = data.findings(home, run_id)
 sec.findings_section(home, run_id, found)
 
-st.subheader("Steps")
-if report is None and not paths:
-    sec.no_trace_hint(run_id, live)
-live_step_charts()
+if not attached:  # an attached job has no step timer: its stack samples stand in
+    st.subheader("Steps")
+    if report is None and not paths:
+        sec.no_trace_hint(run_id, live)
+    live_step_charts()
+live_stacks()
 
 tabs = st.tabs(["System", "Memory", "Kernels & operators", "Step timeline", "Files & tools", "Log"])
 with tabs[0]:
