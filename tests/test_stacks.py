@@ -12,6 +12,7 @@ from stepscope.analyzers.stacks import (
     classify_samples,
     parse_frames,
     phase_shares,
+    stack_summary,
     top_sites,
 )
 from stepscope.collectors.stack_sampler import explain_failure, parse_raw
@@ -135,3 +136,20 @@ def test_py_spy_errors_become_one_line_that_says_what_to_do() -> None:
     )
     for message in (explain_failure(999999, perm), explain_failure(999999, "boom\nmore")):
         assert "\n" not in message
+
+
+def test_a_ddp_job_is_recognised_on_its_stacks() -> None:
+    """DDP's all-reduce hides inside backward (C++): the summary says DDP was seen, so the
+    diagnosis can say so instead of calling all of backward compute."""
+    ddp_call = f"DistributedDataParallel.forward ({SITE}/torch/nn/parallel/distributed.py:1600)"
+    plain = stack_summary(_samples([(10, 10, "MainThread", f"{_train(41)};{CALL}", 5)]))
+    ddp = stack_summary(
+        _samples(
+            [
+                (10, 10, "MainThread", f"{_train(41)};{CALL};{ddp_call}", 5),
+                (10, 10, "MainThread", f"{_train(42)};{BACKWARD}", 15),
+            ]
+        )
+    )
+    assert plain["ddp"] is False and ddp["ddp"] is True
+    assert ddp["shares"]["backward"] == pytest.approx(0.75)

@@ -401,6 +401,16 @@ def device_compute(ev: Evidence) -> Finding | None:
         phases = _stack_phases(ev, MODEL_PHASES)
         evidence.append(_ev(f"main thread in the model: {phases}", share, "stack samples"))
         confidence = 0.6
+        if ev.stacks.get("ddp"):
+            evidence.append(
+                _ev(
+                    "DDP: its gradient all-reduce runs inside backward, in C++, where Python "
+                    "stacks cannot tell it from compute; capture a trace to split them",
+                    None,
+                    "stack samples",
+                )
+            )
+            confidence = 0.4
     else:
         cores = ev.context.cpu_count or 1
         cpu = ev.system.get("proc.cpu_percent.p95")

@@ -147,6 +147,8 @@ def gather(store: Any, run_id: int, report: TraceReport | None = None) -> Eviden
         context.cpu_count = int(system["system.cpu_count.max"])
     summary = summarize_steps(steps) if len(steps) else None
     stacks = stack_summary(store.stack_samples(run_id))
+    if stacks is not None and stacks["ddp"] and context.ddp is None:
+        context.ddp = True  # seen on the stacks of an attached job
     if report is not None:
         level = "trace"
     elif summary is not None:

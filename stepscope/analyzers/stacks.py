@@ -41,6 +41,7 @@ STEP_PHASES = ("data_loading", "forward", "backward", "optimizer", "sync")
 _FRAME = re.compile(r"^(?P<func>.*) \((?P<file>.*):(?P<line>\d+)\)$")
 _SYNC_CALL = re.compile(r"\.(item|cpu|tolist|numpy)\(\)|cuda\.synchronize\(|\.synchronize\(\)")
 _WORKER_LOOP = "torch/utils/data/_utils/worker.py"
+_DDP_FILE = "torch/nn/parallel/distributed.py"
 _LIBRARY_PARTS = ("/site-packages/", "/dist-packages/", "/lib/python3")
 
 
@@ -189,6 +190,8 @@ def stack_summary(samples: pd.DataFrame) -> dict[str, Any] | None:
     shares = phase_shares(classified)
     return {
         "shares": dict(zip(shares["category"], shares["share"], strict=True)),
+        # DDP's all-reduce runs in C++ during backward: the stacks cannot show it apart
+        "ddp": bool(classified["frames"].str.contains(_DDP_FILE, regex=False).any()),
         "samples": int(classified["samples"].sum()),
         "processes": int(classified["pid"].nunique()),
         "duration_s": float(samples["t_end"].max() - samples["t_start"].min()),
