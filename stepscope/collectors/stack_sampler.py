@@ -10,10 +10,10 @@ when the process exits).
 
 Options: ``--nonblocking`` (py-spy's default stops the process at each sample for a
 consistent stack; on a 2-core machine running a CPU-bound job that cost the job 26 %,
-against none measurable without it (bench/README.md); a rare torn sample is counted as
-a py-spy error, not misfiled), ``--idle`` (a main thread blocked on a DataLoader queue or a read is exactly
-what must be seen; py-spy drops idle threads by default), ``--threads`` (to tell the
-main thread apart), ``--subprocesses`` (``torchrun`` ranks; DataLoader workers come
+against none measurable without it, see bench/README.md; a rare torn sample is
+counted as a py-spy error, not misfiled), ``--idle`` (a main thread blocked on a
+DataLoader queue or a read is exactly what must be seen; py-spy drops idle threads by
+default), ``--threads`` (to tell the main thread apart), ``--subprocesses`` (``torchrun`` ranks; DataLoader workers come
 along and are left out by the analysis), ``--full-filenames`` (the job's own source
 lines are read to spot ``.item()`` syncs). The raw format is one line per distinct
 stack and thread: ``process P:"cmd";thread (TID): NAME;func (file:line);... COUNT``.
@@ -50,10 +50,6 @@ _PROCESS = re.compile(r'process (\d+):".*?";')
 _THREAD = re.compile(r"^thread \((0x[0-9A-Fa-f]+|\d+)\): ?(.*)$")
 
 StackRow = tuple[int, int, str, str, int]  # pid, tid, thread name, frames, samples
-
-
-class StackSamplingError(RuntimeError):
-    """py-spy cannot read the process; the message is one line saying why."""
 
 
 def py_spy_path() -> str | None:
