@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 from pathlib import Path
 
@@ -128,3 +129,67 @@ def test_job_facts_record_the_settings_the_job_runs_with(tmp_path):
     assert model["parameters"] == 16 * 32 + 32 + 32 + 1 and model["input_shape"] == [8, 16]
     assert model["conv2d"] is False and "autocast" not in model
     assert facts["settings"]["threads"] == 1  # the job's torch.set_num_threads(1)
+
+
+# -- loops as real scripts write them (issue 12: defects found on real scripts) ----------
+def _reported(proc) -> list[float]:
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("LOSSES "))
+    return json.loads(line.split(" ", 1)[1])
+
+
+@pytest.mark.parametrize("pattern", ["eval-first", "eval-no-optim"])
+def test_evaluation_forwards_before_training_are_not_steps(tmp_path, pattern):
+    """nanoGPT evaluates before its first iteration: those forwards are not steps, and
+    the capture scheduled at step 2 lands on training steps."""
+    run_id, proc, df = _run(
+        tmp_path, "loops.py", "--pattern", pattern, profile_at=2, profile_steps=2
+    )
+    assert list(df["step"]) == list(range(8))
+    assert set(df["kind"]) == {"optimizer"}
+    # the scaled micro-batch losses add up to the loss the script reports
+    assert df["loss"].tolist() == pytest.approx(_reported(proc), rel=1e-5)
+    arts = jobs.artifacts(tmp_path, run_id)
+    assert len(arts[arts["kind"] == "trace"]) == 1
+    if pattern == "eval-first":  # an optimizer existed: the eval forwards were never steps
+        assert df["profiled"].astype(bool).tolist()[2:4] == [True, True]
+    # else the capture ran on the evaluation (then an inference job): it is kept, not redone
+
+
+def test_hand_written_updates_stop_at_the_limit_with_their_capture(tmp_path):
+    """No torch.optim: forward steps are written one by one, so --max-steps and the
+    capture hold (this job used to run 38 steps for a limit of 30, capture lost)."""
+    run_id, proc, df = _run(
+        tmp_path,
+        "loops.py",
+        "--pattern",
+        "manual",
+        "--iters",
+        "200",
+        max_steps=30,
+        profile_at=10,
+        profile_steps=3,
+    )
+    assert list(df["step"]) == list(range(30))
+    assert set(df["kind"]) == {"forward"}
+    assert df["profiled"].astype(bool).tolist()[10:13] == [True] * 3
+    arts = jobs.artifacts(tmp_path, run_id)
+    trace = arts[arts["kind"] == "trace"]
+    assert len(trace) == 1 and trace["meta"].iloc[0]["steps"] == 3
+
+
+def test_gan_step_ends_at_the_last_optimizer_with_the_first_ones_loss(tmp_path):
+    _, proc, df = _run(tmp_path, "loops.py", "--pattern", "gan")
+    assert list(df["step"]) == list(range(8))
+    # Loss_D = err_real + err_fake, as the script prints it (not mixed with Loss_G)
+    assert df["loss"].tolist() == pytest.approx(_reported(proc), rel=1e-5)
+
+
+def test_steps_after_a_capture_are_flagged(tmp_path):
+    _, _, df = _run(tmp_path, "train.py", "--steps", "12", profile_at=3, profile_steps=2)
+    flags = df["profiled"].astype(bool).tolist()
+    assert flags == [False] * 3 + [True] * 4 + [False] * 5  # 2 captured + 2 after
+
+
+def test_look_ahead_loader_does_not_double_the_first_batch(tmp_path):
+    _, _, df = _run(tmp_path, "loops.py", "--pattern", "lookahead")
+    assert list(df["batch_size"]) == [8] * 8

@@ -43,7 +43,9 @@ class CaptureController:
         self.run_dir = run_dir
         self.rank = rank
         self.profile_at = profile_at
+        self._scheduled_at = profile_at  # kept for rearm()
         self.profile_steps = max(1, int(profile_steps or 3))
+        self._discard = False
         self.poller = CapturePoller(run_dir) if (poll and run_dir) else None
         self.active = False
         self.disabled = run_dir is None
@@ -95,6 +97,28 @@ class CaptureController:
                 self._finish(max(0, min(done, self._steps)))
             except Exception as exc:
                 self._fail(exc)
+
+    def rearm(self) -> None:
+        """The steps counted so far were not the job's steps (evaluation forwards before
+        training was seen): a window open on them is dropped unexported, and the
+        scheduled one is due again, counted in the training steps. A window already
+        exported stays (it is what the job ran then) and is not taken twice."""
+        if self.disabled or (self.profile_at is None and not self.active):
+            return
+        if self.active:
+            prof, self._prof = self._prof, None
+            self.active = False
+            self._discard = True
+            try:
+                prof.__exit__(None, None, None)
+            finally:
+                self._discard = False
+                if self._memory_history:
+                    self._memory_history = False
+                    import torch
+
+                    torch.cuda.memory._record_memory_history(enabled=None)
+        self.profile_at = self._scheduled_at
 
     # -- internals ------------------------------------------------------------------
     def _start(self, first: int, steps: int, reason: str, request_id: str | None) -> None:
@@ -154,6 +178,8 @@ class CaptureController:
         }
 
     def _export(self, prof: Any) -> None:
+        if self._discard:
+            return
         path = os.path.join(str(self.run_dir), f"{self._stem}.pt.trace.json.gz")
         prof.export_chrome_trace(path)
         self._writer().add_artifact("trace", path, self._meta())

@@ -4,20 +4,37 @@ Where a step ends, in order of precedence:
 
 * ``stepscope.mark_step()`` (explicit mode): once called, it alone defines steps.
 * ``optimizer.step()`` (optimizer mode), through torch's global optimizer post hook.
-  With several optimizers (a GAN's generator and discriminator), the optimizer that
-  stepped first in the job is the anchor and only its steps end a step, so one
-  iteration is one step whatever the number of optimizers.
-* the end of an outermost ``nn.Module`` call (forward mode, for inference), through
-  torch's global forward hooks; nested module calls are ignored, and so are top-level
-  calls of modules other than the first one called (the anchor: a loss or softmax
-  module applied to the model's output is part of the step, not a step). The global hooks take
-  every module call off torch's fast path, so they are removed as soon as the first
-  optimizer step (or mark) shows they are not needed.
+  With several optimizers (a GAN's discriminator and generator), one iteration is one
+  step and it ends at the *last* optimizer of the iteration: the cycle (every
+  optimizer that steps between two steps of the first one) is learned over the first
+  iteration, whose row is written once the cycle is known. The step's loss is the
+  one given to backward for the first optimizer (summed over its backward calls:
+  a GAN's real and fake discriminator losses, or gradient-accumulation micro-batches
+  whose losses the script divided by the accumulation steps, add up to the loss the
+  script logs).
+* the end of an outermost ``nn.Module`` call (forward mode, for inference and for
+  jobs that update their parameters by hand), through torch's global forward hooks;
+  nested module calls are ignored, and so are top-level calls of modules other than
+  the first one called (the anchor: a loss or softmax module applied to the model's
+  output is part of the step, not a step). The global hooks take every module call
+  off torch's fast path, so they are removed as soon as the first optimizer step (or
+  mark) shows they are not needed.
+
+Forward steps and training jobs. A job that has created an optimizer but not yet
+stepped it is a training job before its first iteration: its forwards are either
+evaluation (nanoGPT's ``estimate_loss`` at iteration 0, Lightning's sanity check) or
+the micro-batches of the first step (gradient accumulation), so they are held back
+and never counted; at the first optimizer step the grad-enabled ones are merged into
+it and the others dropped. Forward steps already written when a job starts stepping
+an optimizer (an evaluation before an optimizer existed) are taken back the same way,
+and a capture window opened on them is opened again on the training steps. A job
+with no optimizer writes its forward steps at once once it has run a backward (hand-
+written updates) or when the forward runs without grad; a grad-enabled forward with
+no backward yet waits up to CONFIRM_FORWARD_S. Released rows are checked against the
+step limit and the capture schedule one by one.
 
 A step spans [end of the previous step, end of this one]; the first one starts at the
-first sign of activity (DataLoader, a forward, a backward). Forward steps run with
-grad enabled are held back until it is clear no optimizer step follows them (a
-training iteration's forward must not count as a step of its own), then written.
+first sign of activity (DataLoader, a forward, a backward).
 
 Everything here runs on the job's hot path: a hook only appends to memory; the store
 is written by the BufferedWriter's thread, which also resolves CUDA events (device
@@ -38,10 +55,17 @@ from typing import Any
 
 from stepscope.collectors.job_facts import JobFacts
 
-# Grad-enabled forward steps wait this long for an optimizer step before they are
-# taken for inference steps; longer once a backward was seen (gradient accumulation).
+# Grad-enabled forward steps of a job with no optimizer wait this long for a backward
+# or an optimizer before they are taken for inference steps.
 CONFIRM_FORWARD_S = 1.0
-CONFIRM_FORWARD_AFTER_BACKWARD_S = 5.0
+# Forwards of a job that has an optimizer but never steps it (evaluation with a
+# checkpoint's optimizer loaded) are taken for inference steps after this long, or
+# after this many of them.
+CONFIRM_UNUSED_OPTIMIZER_S = 120.0
+MAX_HELD_FORWARDS = 10_000
+# Steps right after a capture window run slow (the profiler's teardown, cold caches):
+# flagged like the captured ones and left out of the step-time figures.
+AFTER_CAPTURE_STEPS = 2
 # A step row waits this long for its CUDA event before it is written without device_s.
 CUDA_WAIT_S = 2.0
 # Bookkeeping between two steps longer than this (first-step set-up, a capture) is
@@ -109,11 +133,22 @@ class StepTimer:
         # per-step accumulators, reset at each step end
         self.data_wait = 0.0
         self.batch = 0
-        self.losses: list[Any] = []
+        self.batches = 0  # DataLoader batches fetched in this step
+        self._last_batch = 0  # size of the last one
+        self.losses: list[Any] = []  # given to backward since the last optimizer step
+        self._anchor_losses: list[Any] = []  # ... and those the first optimizer stepped on
         self.backward_seen = False
         self._pending_fwd: list[dict[str, Any]] = []
         self._fwd_confirmed = False
+        self._optimizers_made = 0
         self._anchor: weakref.ReferenceType[Any] | None = None
+        # the optimizer whose step ends an iteration; None while the cycle is learned
+        self._closing: weakref.ReferenceType[Any] | None = None
+        self._anchor_steps = 0
+        self._last_opt: weakref.ReferenceType[Any] | None = None
+        self._held: dict[str, Any] | None = None  # the first iteration, while learning
+        self._first_row: dict[str, Any] | None = None  # step 0, for the look-ahead check
+        self._after_capture = 0
         self._fwd_anchor: weakref.ReferenceType[Any] | None = None
         self._tls = threading.local()
         self._handles: list[Any] = []
@@ -141,6 +176,9 @@ class StepTimer:
         self._tensor_type = torch.Tensor
         self._is_compiling = torch.compiler.is_compiling
         self._handles.append(optim_mod.register_optimizer_step_post_hook(self._optimizer_hook))
+        # Counting the optimizers a job creates tells a training job's evaluation
+        # forwards (before its first step) from an inference job's steps.
+        self._patch(optim_mod.Optimizer, "__init__", self._wrap_optimizer_init)
         self._fwd_handles = [
             module_mod.register_module_forward_pre_hook(self._forward_pre_hook),
             module_mod.register_module_forward_hook(self._forward_hook, always_call=True),
@@ -162,16 +200,6 @@ class StepTimer:
         )
         self._patch(torch.autograd, "backward", self._wrap_backward)
         os.register_at_fork(after_in_child=self._after_fork_in_child)
-
-    def uninstall(self) -> None:
-        self.inert = True
-        self._remove_forward_hooks()
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
-        for owner, name, original in reversed(self._patches):
-            setattr(owner, name, original)
-        self._patches.clear()
 
     def _patch(self, owner: Any, name: str, make: Callable[[Any], Any]) -> None:
         original = getattr(owner, name)
@@ -211,21 +239,69 @@ class StepTimer:
         if self._is_compiling() or self.inert or self.mode == "mark":
             return
         try:
+            now = time.time()
             anchor = self._anchor() if self._anchor is not None else None
             if anchor is None:
-                self.facts.on_optimizer(optimizer)
-                self._anchor = weakref.ref(optimizer)
-            elif anchor is not optimizer:
-                return
-            if self.mode == "auto":
-                self.mode = "optimizer"
-                self._remove_forward_hooks()
-                self._absorb_pending()
-            self._end_step("optimizer")
+                self._start_training(optimizer)
+                anchor = optimizer
+            # losses given to backward since the previous optimizer step were this one's
+            mine, self.losses = self.losses, []
+            if optimizer is anchor:
+                self._anchor_losses.extend(mine)
+                self._anchor_steps += 1
+            closing = self._closing() if self._closing is not None else None
+            if closing is None:
+                self._learn_cycle(optimizer, anchor, now)
+            elif optimizer is closing:
+                self._end_step("optimizer")
         except StepLimitReached:
             raise
         except Exception as exc:
             self._disable("step timer", exc)
+
+    def _start_training(self, optimizer: Any) -> None:
+        """The job's first optimizer step: from now on optimizer steps are the steps."""
+        self.facts.on_optimizer(optimizer)
+        self._anchor = weakref.ref(optimizer)
+        if self._optimizers_made <= 1:
+            self._closing = self._anchor  # one optimizer: nothing to learn
+        if self.mode == "auto":
+            self.mode = "optimizer"
+            self._remove_forward_hooks()
+            self._take_back_forward_steps()
+            self._absorb_pending()
+
+    def _learn_cycle(self, optimizer: Any, anchor: Any, now: float) -> None:
+        """Several optimizers: find the one that steps last in an iteration.
+
+        Until the first optimizer steps again, every optimizer step may be the end of
+        the first iteration: the row is kept up to the latest one. At the first
+        optimizer's second step, the optimizer that stepped just before it closes
+        every iteration, and the kept row is the first step.
+        """
+        if optimizer is anchor and self._anchor_steps > 1:
+            last = self._last_opt() if self._last_opt is not None else None
+            self._closing = weakref.ref(last if last is not None else anchor)
+            held, self._held = self._held, None
+            if held is not None:
+                self._release([held])
+            if self._closing() is anchor:
+                self._end_step("optimizer")
+            return
+        row = self._take_row("optimizer", now)
+        self._held = row if self._held is None else _merge_rows(self._held, row)
+        self.start_s = now
+        self._last_opt = weakref.ref(optimizer)
+
+    def _wrap_optimizer_init(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        timer = self
+
+        def __init__(optimizer: Any, *args: Any, **kwargs: Any) -> None:
+            original(optimizer, *args, **kwargs)
+            if not timer.inert:
+                timer._optimizers_made += 1
+
+        return __init__
 
     def _forward_pre_hook(self, module: Any, args: Any) -> None:
         # Under torch.compile tracing the hook must trace to nothing (no graph break);
@@ -287,6 +363,8 @@ class StepTimer:
                     n = timer._batch_len(result)
                     if n:
                         timer.batch += n
+                        timer.batches += 1
+                        timer._last_batch = n
                 except Exception as exc:
                     timer._disable("data wait", exc)
             return result
@@ -366,11 +444,15 @@ class StepTimer:
             "batch_size": self.batch or None,
             "kind": kind,
             "profiled": self.profiled,
-            "_losses": self.losses,
+            "_losses": self._anchor_losses + self.losses,
+            "_batches": self.batches,
+            "_last_batch": self._last_batch,
         }
         self.data_wait = 0.0
         self.batch = 0
+        self.batches = 0
         self.losses = []
+        self._anchor_losses = []
         return row
 
     def _end_step(self, kind: str) -> None:
@@ -378,6 +460,18 @@ class StepTimer:
         row = self._take_row(kind, end)
         self._emit(row)
         self._after_emit(end)
+
+    def _release(self, rows: list[dict[str, Any]]) -> None:
+        """Write rows held back earlier, checking the limit and captures after each.
+
+        The step under way keeps its start: only the job ran since these rows ended.
+        """
+        start, profiled = self.start_s, self.profiled
+        for row in rows:
+            self._emit(row)
+            self._between_steps()
+        self.start_s = start
+        self.profiled = profiled or self.profiled
 
     def _emit(self, row: dict[str, Any]) -> None:
         """Give the row its index and hand it to the writer (or to the CUDA queue)."""
@@ -409,18 +503,29 @@ class StepTimer:
                 return
             except Exception as exc:
                 self._disable("cuda", exc)
+        self._check_look_ahead(row)
         if losses:
-            row["loss"] = _mean([t.item() for t in losses if t.is_cpu])
+            row["loss"] = _sum([t.item() for t in losses if t.is_cpu])
         self._writer().add_step(_public(row))
 
+    def _check_look_ahead(self, row: dict[str, Any]) -> None:
+        """Loaders that fetch one batch ahead (accelerate's ``DataLoaderShard``, as in
+        Hugging Face's Trainer; Lightning's prefetching fetcher) put two batches in
+        the first step where it used one: step 0 is corrected by step 1's count."""
+        if row["step"] == 0:
+            self._first_row = row
+            return
+        first, self._first_row = self._first_row, None
+        if first is None or row["step"] != 1 or not first["_batches"] or not row["_batches"]:
+            return
+        if first["_batches"] == row["_batches"] + 1 and first["batch_size"]:
+            first["batch_size"] -= first["_last_batch"]
+            if "_ev" not in first or first.get("_written"):
+                self._writer().add_step(_public(first))  # replaces the row written
+
     def _after_emit(self, end: float) -> None:
-        """Between steps: capture windows, the step limit, the next step's start."""
-        slow = False
-        if self.capture is not None and "capture" not in self._disabled:
-            try:
-                slow = self.capture.on_boundary(self.step)
-            except Exception as exc:
-                self._disable("capture", exc)
+        """Right after a step ended: the next step's start, captures, the limit."""
+        slow = self._between_steps(stop=False)
         now = time.time()
         if slow or now - end > OWN_WORK_GAP_S:
             # Only stepscope ran since `end` (starting the writer, a capture): that
@@ -430,43 +535,109 @@ class StepTimer:
             self._record_cuda_marker()
         else:
             self.start_s = end
-        self.profiled = bool(self.capture is not None and self.capture.active)
         if self.max_steps is not None and self.step >= self.max_steps:
             self._stop_job()
+
+    def _between_steps(self, stop: bool = True) -> bool:
+        """Capture windows and (``stop``) the step limit at the boundary before
+        ``self.step``; True when slow work (a capture starting or ending) was done."""
+        slow = False
+        if self._after_capture:
+            self._after_capture -= 1
+        if self.capture is not None and "capture" not in self._disabled:
+            try:
+                was_active = self.capture.active
+                slow = self.capture.on_boundary(self.step)
+                if was_active and not self.capture.active:
+                    self._after_capture = AFTER_CAPTURE_STEPS
+            except Exception as exc:
+                self._disable("capture", exc)
+        active = bool(self.capture is not None and self.capture.active)
+        self.profiled = active or self._after_capture > 0
+        if stop and self.max_steps is not None and self.step >= self.max_steps:
+            self._stop_job()
+        return slow
 
     # -- forward mode --------------------------------------------------------------------
     def _forward_end(self) -> None:
         end = time.time()
         grad = self._torch.is_grad_enabled()
-        if self._fwd_confirmed or (not grad and not self._pending_fwd):
+        if self._optimizers_made:
+            # A training job before its first optimizer step: evaluation, or the
+            # micro-batches of the first step. The optimizer step will tell.
+            self._hold_forward(end, grad)
+            pending = self._pending_fwd
+            if (
+                end - pending[0]["end_s"] >= CONFIRM_UNUSED_OPTIMIZER_S
+                or len(pending) >= MAX_HELD_FORWARDS
+            ):
+                self._confirm_forward_steps()
+            return
+        if self.backward_seen and not grad:
+            return  # evaluation in a job that updates its parameters by hand: not a step
+        if self._fwd_confirmed or not grad or self.backward_seen:
+            if self._pending_fwd:
+                self._confirm_forward_steps()
             self._end_step("forward")
             return
+        self._hold_forward(end, grad)
+        if end - self._pending_fwd[0]["end_s"] >= CONFIRM_FORWARD_S:
+            self._confirm_forward_steps()
+
+    def _hold_forward(self, end: float, grad: bool) -> None:
         row = self._take_row("forward", end)
+        row["_grad"] = grad
         self._pending_fwd.append(row)
         self.start_s = end
-        wait = CONFIRM_FORWARD_AFTER_BACKWARD_S if self.backward_seen else CONFIRM_FORWARD_S
-        if end - self._pending_fwd[0]["end_s"] >= wait:
-            self._confirm_forward_steps()
 
     def _confirm_forward_steps(self) -> None:
         """No optimizer step came: the held forwards were inference steps after all."""
         self._fwd_confirmed = True
         pending, self._pending_fwd = self._pending_fwd, []
-        for row in pending:
-            self._emit(row)
-        if pending:
-            self._after_emit(pending[-1]["end_s"])
+        self._release(pending)
 
     def _absorb_pending(self) -> None:
-        """Held forwards belong to the optimizer step that follows them: merge them in."""
+        """At the first optimizer step: held grad-enabled forwards are its micro-batches
+        (merged in); held forwards without grad were evaluation (dropped)."""
         pending, self._pending_fwd = self._pending_fwd, []
-        if not pending:
+        training = [r for r in pending if r.get("_grad", True)]
+        if not training:
             return
-        self.start_s = pending[0]["start_s"]
-        self.data_wait += sum(r["data_wait_s"] for r in pending)
-        self.batch += sum(r["batch_size"] or 0 for r in pending)
-        self.losses = [t for r in pending for t in r["_losses"]] + self.losses
-        self.profiled = self.profiled or any(r["profiled"] for r in pending)
+        self.start_s = training[0]["start_s"]
+        self.data_wait += sum(r["data_wait_s"] for r in training)
+        self.batch += sum(r["batch_size"] or 0 for r in training)
+        self.batches += sum(r["_batches"] for r in training)
+        self.losses = [t for r in training for t in r["_losses"]] + self.losses
+        self.profiled = self.profiled or any(r["profiled"] for r in training)
+
+    def _take_back_forward_steps(self) -> None:
+        """Forward steps written before the job's first optimizer step were evaluation
+        (or set-up), not training steps: delete them and count training from 0."""
+        if self.step == 0:
+            return
+        taken_back, self.step = self.step, 0
+        self._emitted_data_wait = 0.0
+        self._emitted_batch = 0
+        self._first_row = None
+        self._cuda_rows.clear()
+        self._last_event = None
+        self._fwd_confirmed = False
+        writer = self._writer()
+        writer.delete_steps_from(0)
+        writer.flush()  # before step 0 is written again: deletions follow inserts
+        writer.log(
+            "info",
+            "step_timer",
+            f"{taken_back} forward steps before the first optimizer step (evaluation) "
+            "are not training steps: taken back",
+        )
+        if self.capture is not None and "capture" not in self._disabled:
+            try:
+                self.capture.rearm()
+                self._after_capture = 0
+                self.profiled = bool(self.capture.active)
+            except Exception as exc:
+                self._disable("capture", exc)
 
     # -- explicit mode ---------------------------------------------------------------------
     def mark(self) -> None:
@@ -556,8 +727,9 @@ class StepTimer:
                     with contextlib.suppress(Exception):
                         row["device_s"] = prev.elapsed_time(event) / 1000.0
                 if row["_losses"]:
-                    row["loss"] = _mean(self._read_losses(row["_losses"]))
+                    row["loss"] = _sum(self._read_losses(row["_losses"]))
             writer.add_step(_public(row))
+            row["_written"] = True
 
     def _read_losses(self, losses: list[Any]) -> list[float]:
         """Read completed loss tensors on a side stream, so the copy does not queue
@@ -582,6 +754,9 @@ class StepTimer:
         if self._final:
             return
         try:
+            if self._held is not None and not self.inert:
+                held, self._held = self._held, None  # a job that ended in its first cycle
+                self._emit(held)
             if self._pending_fwd and not self.inert:
                 self._fwd_confirmed = True
                 pending, self._pending_fwd = self._pending_fwd, []
@@ -629,8 +804,21 @@ def _public(row: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in row.items() if not k.startswith("_")}
 
 
-def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
+def _sum(values: list[float]) -> float | None:
+    return float(sum(values)) if values else None
+
+
+def _merge_rows(first: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
+    """One row spanning two consecutive ones (an iteration with several optimizers)."""
+    merged = dict(later)
+    merged["start_s"] = first["start_s"]
+    merged["data_wait_s"] = first["data_wait_s"] + later["data_wait_s"]
+    batch = (first["batch_size"] or 0) + (later["batch_size"] or 0)
+    merged["batch_size"] = batch or None
+    merged["_batches"] = first["_batches"] + later["_batches"]
+    merged["_losses"] = first["_losses"] + later["_losses"]
+    merged["profiled"] = first["profiled"] or later["profiled"]
+    return merged
 
 
 def set_current(timer: StepTimer | None) -> None:
