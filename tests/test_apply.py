@@ -62,25 +62,32 @@ def test_dataloader_and_optimizer_fixes_keep_the_losses(tmp_path: Path) -> None:
     )
     assert fixed["num_workers"] == 2
     assert fixed["persistent_workers"] is True and fixed["prefetch_factor"] == 4
-    assert fixed["foreach"] is True  # CPU: foreach, not fused
+    # torch >= 2.4 has fused CPU kernels for SGD: fused, and the log says why
+    assert fixed["fused"] is True and not fixed["foreach"]
     # none of these change numerics: the job's own losses are the same
     assert fixed["losses"] == pytest.approx(base["losses"], rel=1e-6)
     done = applied(run)
-    assert done["dataloader_workers"] == ["num_workers 0 -> 2"]
-    assert done["fused_optimizer"] == ["SGD(foreach=True)"]
+    assert done["dataloader_workers"] == ["num_workers 0 -> 2 (torch's default)"]
+    assert done["fused_optimizer"][0].startswith("SGD(fused=True; was torch's default; torch ")
+    # each change was read back from the job's own objects
+    assert all(i["verified"] for i in run["config"]["applied"] if i["applied"]), run["config"]
     assert (run["events"]["source"] == "apply").any()
     # the facts the diagnosis reads see the patched loader
     assert run["facts"]["dataloaders"][0]["num_workers"] == 2
 
 
-def test_explicit_values_are_kept_unless_the_plan_overrides(tmp_path: Path) -> None:
+def test_explicit_values_are_overridden_unless_the_plan_keeps_them(tmp_path: Path) -> None:
+    """`num_workers=args.workers` with 0 is how scripts are written: trying the fix means
+    replacing the value the script set (the log says so); --keep-explicit keeps it."""
     plan = {"dataloader_workers": {"num_workers": 2}}
-    kept, run = probe(tmp_path, plan, "--explicit-workers", "1")
-    assert kept["num_workers"] == 1
-    notes = [i["change"] for i in run["config"]["applied"] if not i["applied"]]
-    assert "kept the job's num_workers=1 (set explicitly)" in notes
-    forced, _ = probe(tmp_path, plan, "--explicit-workers", "1", override_explicit=True)
+    forced, run = probe(tmp_path, plan, "--explicit-workers", "0")
     assert forced["num_workers"] == 2
+    done = applied(run)
+    assert done["dataloader_workers"] == ["num_workers 0 -> 2 (the job set 0)"]
+    kept, run = probe(tmp_path, plan, "--explicit-workers", "0", override_explicit=False)
+    assert kept["num_workers"] == 0
+    notes = [i["change"] for i in run["config"]["applied"] if not i["applied"]]
+    assert notes == ["not applied: kept the job's num_workers=0 (set explicitly; --keep-explicit)"]
 
 
 def test_model_fixes_channels_last_autocast_threads(tmp_path: Path) -> None:
@@ -153,4 +160,19 @@ def test_model_search_gives_up_and_removes_its_hooks(tmp_path: Path) -> None:
         "fix": "channels_last",
         "applied": False,
         "change": "not applied: no top-level module owns the optimizer's parameters",
+        "verified": None,
     } in notes
+
+
+def test_model_fixes_reach_both_networks_of_a_gan(tmp_path: Path) -> None:
+    """Two optimizers, two models: the generator and the discriminator are both adopted."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"fixes": {"bf16_autocast": {"cpu": True}}, "seed": 0}))
+    run_id, proc = jobs.run_job(
+        tmp_path, "loops.py", "--pattern", "gan", extra_env={ENV_PLAN: str(plan)}
+    )
+    assert proc.returncode == 0, proc.stderr
+    with RunStore(tmp_path) as store:
+        entries = store.run(run_id)["config"]["applied"]
+    autocast = [e for e in entries if e["fix"] == "bf16_autocast" and e["applied"]]
+    assert len(autocast) == 2 and all(e["verified"] for e in autocast)

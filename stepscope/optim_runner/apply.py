@@ -7,21 +7,33 @@ calls anyway:
 
 * ``DataLoader.__init__``: num_workers, persistent_workers, prefetch_factor,
   pin_memory, batch size (larger_batch);
-* the ``torch.optim`` classes' ``__init__``: fused (CUDA) or foreach (CPU);
+* the ``torch.optim`` classes' ``__init__``: fused where the installed torch has fused
+  kernels for the parameters' device (CUDA; the CPU since torch 2.4 for Adam, AdamW,
+  SGD and Adagrad), else foreach, and the log says which;
 * ``DistributedDataParallel.__init__``: bucket_cap_mb, gradient_as_bucket_view,
   static_graph, and the bf16 compression hook after construction;
-* the model, found at its first top-level call (the module that owns the optimizer's
-  parameters, or the first top-level module of an inference job): channels_last, bf16
+* the models, found at their first top-level call (every module that owns optimizer
+  parameters: a GAN's generator and discriminator both; or the first top-level module
+  of an inference job): channels_last, bf16
   autocast around its forward only (backward runs outside, as the AMP recipe says), and
   torch.compile of its forward;
 * global settings (TF32, cudnn.benchmark, thread count) at import and again at the
   model's first call, in case the script set them in between.
 
-A value the user's code passed explicitly is kept unless the plan says
-``override_explicit``: the plan improves defaults, it does not second-guess choices.
-Every change (and every fix that could not be applied, with the reason) goes to the
-run's log (source ``apply``) and to ``config.applied``. A fix that fails is skipped
-with a line on stderr; the job itself is never stopped by it.
+A value the user's code passed explicitly is replaced when the plan says
+``override_explicit`` (the experiment's default: the user asked to try the fix, and
+``num_workers=args.workers`` with a default of 0 is how most scripts are written), and
+the log says what it replaced ("num_workers 0 -> 4 (the job set 0)"); without it the
+value is kept and the fix is recorded as not applied.
+
+Applied, then verified: after each change the real object is read back (the loader's
+``num_workers``, the optimizer's ``defaults["fused"]``, autocast enabled inside the
+wrapped forward, the compiled forward, the weights' memory format, the global
+settings), and each entry of ``config.applied`` says ``verified`` true or false. The
+experiment runner measures only candidates whose fixes took effect. Every change (and
+every fix that could not be applied, with the reason) also goes to the run's log
+(source ``apply``). A fix that fails is skipped with a line on stderr; the job itself
+is never stopped by it.
 """
 
 from __future__ import annotations
@@ -36,6 +48,11 @@ from collections.abc import Callable
 from typing import Any
 
 MODEL_FIXES = ("bf16_autocast", "torch_compile", "channels_last")
+DDP_FIX_OF = {
+    "bucket_cap_mb": "ddp_bucket_cap",
+    "gradient_as_bucket_view": "ddp_gradient_as_bucket_view",
+    "static_graph": "ddp_static_graph",
+}
 # Top-level module calls looked at before the model search gives up: global hooks run on
 # every module call of the training step, so they must not stay when nothing matches.
 MODEL_SEARCH_CALLS = 50
@@ -57,12 +74,15 @@ class PlanApplier:
         self.fixes: dict[str, dict[str, Any]] = {
             k: (v if isinstance(v, dict) else {}) for k, v in plan.get("fixes", {}).items()
         }
-        self.override = bool(plan.get("override_explicit"))
+        self.override = bool(plan.get("override_explicit", True))
         self.seed = plan.get("seed")
         self._writer = writer
         self.applied: list[dict[str, Any]] = []
         self._loaders_logged = 0
+        self._loader_changes: list[tuple[str, str, bool, str | None]] = []
         self._opt_params: set[int] = set()
+        self._covered: set[int] = set()  # optimizer parameters of the models adopted
+        self._models = 0
         self._model_found = False
         self._searched = 0
         self._hooks: list[Any] = []
@@ -70,8 +90,12 @@ class PlanApplier:
         self._autocast_ctx: Any = None
 
     # -- reporting ----------------------------------------------------------------------
-    def _record(self, fix: str, change: str, applied: bool = True) -> None:
-        self.applied.append({"fix": fix, "change": change, "applied": applied})
+    def _record(
+        self, fix: str, change: str, applied: bool = True, verified: bool | None = None
+    ) -> None:
+        self.applied.append(
+            {"fix": fix, "change": change, "applied": applied, "verified": verified}
+        )
         with contextlib.suppress(Exception):
             w = self._writer()
             w.log("info" if applied else "warning", "apply", f"{fix}: {change}")
@@ -112,7 +136,9 @@ class PlanApplier:
             import numpy as np
 
             np.random.seed(seed)
-        self._record("seed", f"RNGs seeded with {seed} (the job's own seeding still wins)")
+        self._record(
+            "seed", f"RNGs seeded with {seed} (the job's own seeding still wins)", verified=True
+        )
 
     def _apply_globals(self, torch: Any, again: bool = False) -> None:
         """TF32, cudnn.benchmark and threads; ``again`` at the model's first call."""
@@ -121,17 +147,32 @@ class PlanApplier:
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
             if not again or not before:
-                self._record("tf32", "allow_tf32 = True (matmul and cuDNN)")
+                self._record(
+                    "tf32",
+                    "allow_tf32 = True (matmul and cuDNN)",
+                    verified=bool(torch.backends.cuda.matmul.allow_tf32),
+                )
         if "cudnn_benchmark" in self.fixes:
             before = torch.backends.cudnn.benchmark
             torch.backends.cudnn.benchmark = True
             if not again or not before:
-                self._record("cudnn_benchmark", "torch.backends.cudnn.benchmark = True")
+                self._record(
+                    "cudnn_benchmark",
+                    "torch.backends.cudnn.benchmark = True",
+                    verified=bool(torch.backends.cudnn.benchmark),
+                )
         if "cpu_threads" in self.fixes:
             n = int(self.fixes["cpu_threads"].get("threads") or 1)
-            if torch.get_num_threads() != n:
+            before = torch.get_num_threads()
+            if before != n:
                 torch.set_num_threads(n)
-                self._record("cpu_threads", f"torch.set_num_threads({n})")
+                self._record(
+                    "cpu_threads",
+                    f"torch.set_num_threads({n}) (was {before})",
+                    verified=torch.get_num_threads() == n,
+                )
+            elif not again:
+                self._record("cpu_threads", f"the job already runs {n} threads", False)
 
     # -- DataLoader -----------------------------------------------------------------------
     def _patch_dataloader(self, torch: Any) -> None:
@@ -159,10 +200,24 @@ class PlanApplier:
                 merged = None
             if merged is None:
                 original(loader, *args, **kwargs)
-            else:
-                original(loader, **merged)
+                return
+            original(loader, **merged)
+            with contextlib.suppress(Exception):
+                applier._verify_loader(loader, merged)
 
         DataLoader.__init__ = __init__
+
+    def _verify_loader(self, loader: Any, wanted: dict[str, Any]) -> None:
+        """Read the settings back from the loader the job will iterate."""
+        changes, self._loader_changes = self._loader_changes, []
+        if self._loaders_logged >= 4:
+            return
+        self._loaders_logged += 1
+        for fix, what, applied, name in changes:
+            verified = None
+            if applied and name is not None:
+                verified = getattr(loader, name, None) == wanted.get(name)
+            self._record(fix, what, applied, verified)
 
     def _loader_kwargs(
         self, signature: inspect.Signature, loader: Any, args: tuple, kwargs: dict, iterable: type
@@ -171,17 +226,27 @@ class PlanApplier:
         params = dict(bound.arguments)
         params.pop(next(iter(signature.parameters)))  # self
         explicit = set(params)
-        changes: list[tuple[str, str, bool]] = []  # (fix, what, applied)
+        changes: list[tuple[str, str, bool, str | None]] = []  # (fix, what, applied, attr)
 
         def want(name: str, value: Any, fix: str) -> None:
             current = params.get(name, signature.parameters[name].default)
             if current == value:
+                changes.append((fix, f"{name} is already {value!r}", True, name))
                 return
             if name in explicit and not self.override:
-                changes.append((fix, f"kept the job's {name}={current!r} (set explicitly)", False))
+                changes.append(
+                    (
+                        fix,
+                        f"not applied: kept the job's {name}={current!r} (set explicitly; "
+                        "--keep-explicit)",
+                        False,
+                        None,
+                    )
+                )
                 return
             params[name] = value
-            changes.append((fix, f"{name} {current!r} -> {value!r}", True))
+            origin = f"the job set {current!r}" if name in explicit else "torch's default"
+            changes.append((fix, f"{name} {current!r} -> {value!r} ({origin})", True, name))
 
         dataset = params.get("dataset")
         if "dataloader_workers" in self.fixes:
@@ -191,6 +256,7 @@ class PlanApplier:
                         "dataloader_workers",
                         "not applied: an IterableDataset would yield every sample once per worker",
                         False,
+                        None,
                     )
                 )
             else:
@@ -207,16 +273,17 @@ class PlanApplier:
 
             if torch.cuda.is_available():
                 want("pin_memory", True, "pin_memory")
+            else:
+                changes.append(("pin_memory", "not applied: no CUDA device", False, None))
         if "larger_batch" in self.fixes and params.get("batch_sampler") is None:
             factor = int(self.fixes["larger_batch"].get("factor") or 2)
             size = params.get("batch_size", 1)
             if size:
                 params["batch_size"] = size * factor  # the fix itself: consent was given
-                changes.append(("larger_batch", f"batch_size {size} -> {size * factor}", True))
-        if self._loaders_logged < 4:
-            self._loaders_logged += 1
-            for fix, what, applied in changes:
-                self._record(fix, what, applied)
+                changes.append(
+                    ("larger_batch", f"batch_size {size} -> {size * factor}", True, "batch_size")
+                )
+        self._loader_changes = changes  # recorded once the loader exists (_verify_loader)
         return params
 
     # -- optimizers -----------------------------------------------------------------------
@@ -263,18 +330,34 @@ class PlanApplier:
                 if explicit and not applier.override:
                     applier._record(
                         "fused_optimizer",
-                        f"kept the job's {cls.__name__} "
-                        f"{', '.join(sorted(explicit))} (set explicitly)",
+                        f"not applied: kept the job's {cls.__name__} "
+                        f"{', '.join(sorted(explicit))} (set explicitly; --keep-explicit)",
                         False,
                     )
                     return original(opt, params, *args, **kwargs)
+                was = ", ".join(f"{k}={bound[k]!r}" for k in sorted(explicit)) or "torch's default"
                 tensors = [p for g in params for p in (g["params"] if isinstance(g, dict) else [g])]
-                on_cuda = bool(tensors) and all(getattr(t, "is_cuda", False) for t in tensors)
-                use = "fused" if on_cuda and "fused" in signature.parameters else "foreach"
+                devices = {getattr(t, "device", None) for t in tensors}
+                use, why = fused_or_foreach(signature, devices, torch)
                 extra = {use: True, ("foreach" if use == "fused" else "fused"): None}
                 extra = {k: v for k, v in extra.items() if k in signature.parameters}
-                original(opt, params, *args, **{**kwargs, **extra})
-                applier._record("fused_optimizer", f"{cls.__name__}({use}=True)")
+                try:
+                    original(opt, params, *args, **{**kwargs, **extra})
+                except (RuntimeError, ValueError, TypeError) as exc:
+                    if use != "fused":
+                        raise
+                    # fused refused these parameters (a dtype, a device): foreach then
+                    use, why = "foreach", f"fused refused: {_one_line(exc)}"
+                    extra = {"foreach": True, "fused": None}
+                    extra = {k: v for k, v in extra.items() if k in signature.parameters}
+                    original(opt, params, *args, **{**kwargs, **extra})
+                verified = bool(opt.defaults.get(use))
+                applier._record(
+                    "fused_optimizer",
+                    f"{cls.__name__}({use}=True; was {was}; {why})",
+                    True,
+                    verified,
+                )
             except Exception as exc:
                 applier._failed("fused_optimizer", exc)
                 original(opt, params, *args, **kwargs)
@@ -311,17 +394,29 @@ class PlanApplier:
                 settings["static_graph"] = True
             for key in list(settings):
                 if key in explicit and not applier.override:
-                    applier._record(f"ddp_{key}", f"kept the job's {key} (set explicitly)", False)
+                    applier._record(
+                        DDP_FIX_OF[key],
+                        f"not applied: kept the job's {key} (set explicitly; --keep-explicit)",
+                        False,
+                    )
                     del settings[key]
             original(ddp, *args, **{**kwargs, **settings})
             for key, value in settings.items():
-                applier._record("ddp", f"DistributedDataParallel({key}={value!r})")
+                was = "the job set it" if key in explicit else "torch's default"
+                applier._record(
+                    DDP_FIX_OF[key],
+                    f"DistributedDataParallel({key}={value!r}) ({was})",
+                    True,
+                    _ddp_setting(ddp, key) == value if key != "bucket_cap_mb" else None,
+                )
             if "ddp_bf16_compression" in applier.fixes:
                 try:
                     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
                     ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
-                    applier._record("ddp_bf16_compression", "bf16_compress_hook registered")
+                    applier._record(
+                        "ddp_bf16_compression", "bf16_compress_hook registered", True, True
+                    )
                 except Exception as exc:
                     applier._failed("ddp_bf16_compression", exc)
 
@@ -343,18 +438,23 @@ class PlanApplier:
         self._tls.depth = depth + 1
         if depth != 0 or self._model_found:
             return None
-        if not self._is_the_model(module):
+        if not self._is_a_model(module):
             self._searched += 1
             if self._searched >= MODEL_SEARCH_CALLS:
                 self._model_found = True  # give up: the post-hook removes the hooks
-                fixes = ", ".join(f for f in MODEL_FIXES if f in self.fixes) or "globals"
-                self._record(
-                    fixes,
-                    "not applied: no top-level module owns the optimizer's parameters",
-                    applied=False,
-                )
+                if not self._models:
+                    for fix in MODEL_FIXES:
+                        if fix in self.fixes:
+                            self._record(
+                                fix,
+                                "not applied: no top-level module owns the optimizer's parameters",
+                                applied=False,
+                            )
             return None
-        self._model_found = True
+        self._models += 1
+        self._covered.update(id(p) for p in module.parameters())
+        # every optimizer's model adopted (a GAN has two), or the inference model
+        self._model_found = not self._opt_params or self._opt_params <= self._covered
         try:
             return self._adopt(module, args)
         except Exception as exc:
@@ -371,9 +471,13 @@ class PlanApplier:
                 handle.remove()
             self._hooks = []
 
-    def _is_the_model(self, module: Any) -> bool:
+    def _is_a_model(self, module: Any) -> bool:
+        """A top-level module that owns optimizer parameters no adopted model owns."""
         if self._opt_params:
-            return any(id(p) in self._opt_params for p in module.parameters())
+            return any(
+                id(p) in self._opt_params and id(p) not in self._covered
+                for p in module.parameters()
+            )
         return next(module.parameters(), None) is not None  # inference: first with weights
 
     def _adopt(self, module: Any, args: tuple) -> Any:
@@ -392,7 +496,12 @@ class PlanApplier:
         if channels_last:
             module.to(memory_format=torch.channels_last)
             new_args = tuple(_to_channels_last(a, torch) for a in args)
-            self._record("channels_last", f"{type(inner).__name__} and 4-D inputs in NHWC")
+            weights = [p for p in inner.parameters() if p.dim() == 4]
+            self._record(
+                "channels_last",
+                f"{type(inner).__name__} and 4-D inputs in NHWC",
+                verified=all(w.is_contiguous(memory_format=torch.channels_last) for w in weights),
+            )
         autocast_dtype = None
         if "bf16_autocast" in self.fixes:
             if device.type == "cuda" or self.fixes["bf16_autocast"].get("cpu"):
@@ -404,6 +513,8 @@ class PlanApplier:
                     "bf16_autocast",
                     f"forward of {type(inner).__name__} under "
                     f"torch.autocast({device.type!r}, bfloat16)",
+                    verified=bool(torch.is_autocast_enabled(device.type))
+                    and torch.get_autocast_dtype(device.type) == autocast_dtype,
                 )
             else:
                 self._record(
@@ -414,12 +525,53 @@ class PlanApplier:
         if "torch_compile" in self.fixes:
             # the inner model: DDP's own forward (bucketing, hooks) stays eager
             inner.forward = torch.compile(inner.forward)
-            self._record("torch_compile", f"torch.compile({type(inner).__name__}.forward)")
+            self._record(
+                "torch_compile",
+                f"torch.compile({type(inner).__name__}.forward)",
+                verified=hasattr(inner.forward, "_torchdynamo_orig_callable"),
+            )
         if channels_last or autocast_dtype is not None:
             module.forward = _wrapped_forward(
                 module.forward, torch, channels_last, autocast_dtype, device.type
             )
         return new_args
+
+
+def fused_or_foreach(
+    signature: inspect.Signature, devices: set[Any], torch: Any
+) -> tuple[str, str]:
+    """'fused' where the optimizer class takes ``fused`` and the installed torch has fused
+    kernels for every parameter device (CUDA; the CPU since torch 2.4), else 'foreach';
+    with the reason, for the log."""
+    if "fused" not in signature.parameters:
+        return "foreach", "this optimizer has no fused implementation"
+    try:
+        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+        supported = set(_get_fused_kernels_supported_devices())
+    except Exception:  # older torch: fused on CUDA only
+        supported = {"cuda"}
+    kinds = {getattr(d, "type", None) for d in devices}
+    if kinds and kinds <= supported:
+        return (
+            "fused",
+            f"torch {torch.__version__.split('+')[0]} has fused kernels for {sorted(kinds)[0]}",
+        )
+    return (
+        "foreach",
+        f"no fused kernels for {', '.join(sorted(str(k) for k in kinds)) or 'these parameters'}",
+    )
+
+
+def _ddp_setting(ddp: Any, key: str) -> Any:
+    if key == "static_graph":
+        return bool(getattr(ddp, "static_graph", False))
+    return getattr(ddp, key, None)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:200]
 
 
 def _to_channels_last(value: Any, torch: Any) -> Any:

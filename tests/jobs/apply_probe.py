@@ -68,6 +68,7 @@ def main():
         "prefetch_factor": loader.prefetch_factor,
         "batch_size": loader.batch_size,
         "foreach": opt.defaults.get("foreach"),
+        "fused": opt.defaults.get("fused"),
         "threads": torch.get_num_threads(),
         "weight_channels_last": inner[0].weight.is_contiguous(memory_format=torch.channels_last),
         "losses": losses,
