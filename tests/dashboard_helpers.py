@@ -167,3 +167,184 @@ def end_process(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.kill()
     proc.wait(timeout=30)
+
+
+# -- experiments stored by hand (the result fields the CLI and the page render) ---------
+NOT_APPLIED_WHY = "the job's DataLoader is an IterableDataset [rank 0]: workers would repeat it"
+FIX_NOTE = "measured 1.25x above the bound of 1.09x: the diagnosed run waited less [busy]"
+CONTENTION_WARNING = (
+    "other work used 61 % of the other cores during the trials (p95 90 %): "
+    "the intervals are wider than on a quiet machine"
+)
+APPLIED_CHANGE = "num_workers 0 -> 4 (the job set 0)"
+
+
+def experiment_result(
+    experiment_id: int, baseline_run: int, trial_run: int, *, new_fields: bool = True
+) -> dict:
+    """A finished experiment's result as ``run_experiment`` returns it: ``all`` was not
+    applied (never measured), ``prefetch_factor`` measured no change, nothing kept.
+    Without ``new_fields`` it is a result stored before keep_explicit, contention,
+    not-applied candidates and notes existed (a completed ``all`` instead)."""
+    all_arm = {
+        "name": "all",
+        "kind": "all",
+        "fixes": ["dataloader_workers", "prefetch_factor"],
+        "status": "not_applied",
+        "not_applied": [{"fix": "dataloader_workers", "why": NOT_APPLIED_WHY}],
+        "error": f"not applied: dataloader_workers: {NOT_APPLIED_WHY}",
+        "failure": None,
+        "failed_run": None,
+        "runs": [trial_run],
+        "against": "baseline",
+        "speedup": None,
+        "ci": None,
+        "verdict": None,
+        "speedup_basis": None,
+        "step_time": None,
+        "samples_per_s": None,
+        "quality_ok": None,
+        "quality": None,
+        "warmup": None,
+    }
+    prefetch = dict(
+        all_arm,
+        error=None,
+        name="prefetch_factor",
+        kind="alone",
+        fixes=["prefetch_factor"],
+        status="completed",
+        runs=[],
+        speedup=1.02,
+        ci=[0.97, 1.08],
+        verdict="no measurable change",
+        speedup_basis="samples_per_s",
+        step_time={"ratio": 1.01, "ci": [0.96, 1.07]},
+        quality_ok=True,
+        quality={"reason": "the losses agree step by step", "drift": 0.0, "tolerance": 0.05},
+    )
+    del prefetch["not_applied"]
+    fixes = [
+        {
+            "id": "dataloader_workers",
+            "params": {"num_workers": 4},
+            "why_params": "2 cores",
+            "predicted": 6.37,
+            "predicted_basis": "Amdahl",
+            "predicted_in_experiment": None,
+            "finding": "io/input_pipeline",
+            "measured": None,
+            "ci": None,
+            "verdict": None,
+            "against": "baseline",
+            "candidate": "all",
+            "status": "not applied",
+            "not_applied_why": NOT_APPLIED_WHY,
+            "error": f"not applied: dataloader_workers: {NOT_APPLIED_WHY}",
+            "quality_ok": None,
+            "changes_numerics": False,
+            "kept": False,
+        },
+        {
+            "id": "prefetch_factor",
+            "params": {"prefetch_factor": 4},
+            "why_params": "",
+            "predicted": 1.09,
+            "predicted_basis": "Amdahl",
+            "predicted_in_experiment": None,
+            "finding": "io/input_pipeline",
+            "measured": 1.02,
+            "ci": [0.97, 1.08],
+            "verdict": "no measurable change",
+            "against": "baseline",
+            "candidate": "prefetch_factor",
+            "status": "completed",
+            "error": None,
+            "quality_ok": True,
+            "changes_numerics": False,
+            "kept": False,
+            "note": FIX_NOTE,
+        },
+    ]
+    result = {
+        "experiment_id": experiment_id,
+        "baseline_run": baseline_run,
+        "command": ["python", "train.py"],
+        "cwd": "/tmp",
+        "steps": 12,
+        "trials": 2,
+        "timeout_s": 60.0,
+        "tolerance": 0.05,
+        "seed": 0,
+        "arm_order": [["baseline", "all", "prefetch_factor"]],
+        "baseline": {
+            "runs": [],
+            "confirm_runs": [],
+            "step_time_median_s": 0.2169,
+            "samples_per_s": 149.0,
+            "warmup": {"steps": 1, "time_s": 0.5},
+        },
+        "candidates": [all_arm, prefetch],
+        "fixes": fixes,
+        "predicted": {f["id"]: f["predicted"] for f in fixes},
+        "measured": {f["id"]: f["measured"] for f in fixes},
+        "best": {"fixes": [], "speedup": None, "ci": None, "verdict": None, "candidate": None},
+        "keep_explicit": False,
+        "contention": {
+            "other_cores_mean": 0.61,
+            "other_cores_p95": 0.9,
+            "cores": 2,
+            "warning": CONTENTION_WARNING,
+        },
+    }
+    if not new_fields:
+        del result["keep_explicit"], result["contention"], fixes[1]["note"]
+        all_arm.update(status="completed", error=None, speedup=1.5, ci=[1.2, 1.8])
+        all_arm.update(verdict="faster")
+        all_arm.update(quality_ok=True, quality=prefetch["quality"])
+        del all_arm["not_applied"]
+        fixes[0].update(status="completed", measured=1.5, ci=[1.2, 1.8], verdict="faster")
+        del fixes[0]["not_applied_why"]
+        fixes[0]["error"] = None
+    return result
+
+
+def stored_experiment(home: Path, *, new_fields: bool = True) -> dict[str, int]:
+    """A baseline run, one trial run that applied a change, and a finished experiment
+    holding ``experiment_result``; returns their ids (baseline, trial, experiment)."""
+    with RunStore(home) as store:
+        base = store.create_run(
+            ["python", "train.py"], name="nanogpt", status="completed", pid=os.getpid()
+        )
+        store.finish_run(base, "completed", exit_code=0)
+        experiment = store.create_experiment(base, {"fixes": ["dataloader_workers"]})
+        trial = store.create_run(
+            ["python", "train.py"],
+            name="nanogpt [all #1]",
+            parent_run_id=base,
+            config={
+                "experiment": experiment,
+                "arm": "all",
+                "fixes": ["dataloader_workers", "prefetch_factor"],
+                "trial": 0,
+                "phase": "trials",
+                "applied": [
+                    {
+                        "fix": "dataloader_workers",
+                        "change": APPLIED_CHANGE,
+                        "applied": True,
+                        "verified": True,
+                    },
+                    {
+                        "fix": "prefetch_factor",
+                        "change": "not applied: no worker processes [yet]",
+                        "applied": False,
+                        "verified": None,
+                    },
+                ],
+            },
+        )
+        store.finish_run(trial, "stopped", exit_code=0)
+        result = experiment_result(experiment, base, trial, new_fields=new_fields)
+        store.update_experiment(experiment, status="completed", ended_at=time.time(), result=result)
+    return {"baseline": base, "trial": trial, "experiment": experiment}

@@ -32,14 +32,20 @@ import pandas as pd
 import psutil
 import pytest
 from dashboard_helpers import (
+    APPLIED_CHANGE,
+    CONTENTION_WARNING,
     ENTRY,
+    FIX_NOTE,
+    NOT_APPLIED_WHY,
     end_process,
+    experiment_result,
     job_pid,
     record,
     start_live_job,
     start_plain_job,
     stepscope,
     stop_job,
+    stored_experiment,
     wait_gone,
     wait_running,
 )
@@ -613,7 +619,8 @@ def test_optimize_diagnoses_then_offers_the_auto_fixes(opt_home: Path, optimizab
     boxes = {b.key.removeprefix(f"fix_{run_id}_"): b for b in at.checkbox}
     assert sorted(boxes) == sorted(expected)
     assert all(b.value and not b.disabled for b in boxes.values())  # none needs consent here
-    assert not at.toggle  # so no "allow numerics" toggle either
+    # so no "allow numerics" toggle either: only whether to keep the script's own values
+    assert [(t.key, t.value) for t in at.toggle] == [(f"keep_explicit_{run_id}", False)]
     assert [(n.label, n.value) for n in at.number_input] == [
         ("trials per arm", 3),
         ("steps per trial", 30),
@@ -791,15 +798,14 @@ def test_optimize_marks_numerics_and_consent(tmp_path: Path, monkeypatch) -> Non
         if x["auto"] and x["changes_numerics"] and not x["needs_consent"]
     ]
     advice = [x for x in fixes.values() if not x["auto"]]
-    assert consent == ["larger_batch"] and "bf16_autocast" in numerics and advice
+    # every automatic fix that changes numerics needs consent (bf16 ran without it once)
+    assert {"larger_batch", "bf16_autocast"} <= set(consent) and not numerics and advice
 
     at = open_page("optimize", run=str(run_id))
     no_errors(at)
-    box = at.checkbox(key=f"fix_{run_id}_larger_batch")
-    assert box.disabled and not box.value and "needs consent" in box.label
-    for fix_id in numerics:
+    for fix_id in consent:
         box = at.checkbox(key=f"fix_{run_id}_{fix_id}")
-        assert box.value and not box.disabled and "changes numerics" in box.label
+        assert box.disabled and not box.value and "needs consent" in box.label
     assert all(x["title"] in texts(at) for x in advice)  # listed, but not as checkboxes
     assert not [b for b in at.checkbox if b.key.endswith(advice[0]["id"])]
 
@@ -843,6 +849,108 @@ def test_optimize_refusals_are_one_line(tmp_path: Path, monkeypatch) -> None:
     at = open_page("optimize", experiment="999")
     assert not at.exception
     assert [e.value for e in at.error] == [f"no experiment with id 999 in {home} (?experiment=999)"]
+
+
+def test_optimize_result_shows_not_applied_notes_and_contention(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stored result with the newer fields: a candidate whose fix did not take effect is
+    'not applied' (with why), never a verdict; the fix's note; other work on the cores."""
+    home = tmp_path / "home"
+    ids = stored_experiment(home)
+    monkeypatch.setenv("STEPSCOPE_HOME", str(home))
+    at = open_page("optimize", experiment=str(ids["experiment"]))
+    no_errors(at)
+    assert "fixes override values the script set explicitly" in texts(at)
+    warnings = [w.value for w in at.warning]
+    assert CONTENTION_WARNING in warnings
+    not_applied = f"not applied: dataloader_workers: {NOT_APPLIED_WHY}"
+    assert f"**all** was not measured: {not_applied}." in warnings
+
+    ablation = table_with(at, "candidate").set_index("candidate")
+    assert ablation.loc["all", "status"] == "not applied"
+    assert ablation.loc["all", "verdict"] == not_applied
+    assert ablation.loc["all", "why"] == not_applied
+    assert pd.isna(ablation.loc["all", "speed-up"]) and ablation.loc["all", "95 % CI"] == "—"
+    assert ablation.loc["prefetch_factor", "verdict"] == "no measurable change"
+    per_fix = table_with(at, "bound (diagnosis)").set_index("fix")
+    assert per_fix.loc["dataloader_workers", "verdict"] == f"not applied: {NOT_APPLIED_WHY}"
+    assert per_fix.loc["prefetch_factor", "verdict"] == "no measurable change"
+    assert f"`prefetch_factor`: {FIX_NOTE}" in texts(at)
+
+
+def test_optimize_result_stored_before_the_newer_fields(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    ids = stored_experiment(home, new_fields=False)
+    monkeypatch.setenv("STEPSCOPE_HOME", str(home))
+    at = open_page("optimize", experiment=str(ids["experiment"]))
+    no_errors(at)
+    assert not at.warning and "explicitly" not in texts(at) and "not applied" not in texts(at)
+    ablation = table_with(at, "candidate").set_index("candidate")
+    assert (ablation.loc["all", "status"], ablation.loc["all", "verdict"]) == (
+        "completed",
+        "faster",
+    )
+
+
+def test_optimize_keep_explicit_toggle_reaches_the_experiment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Off by default; on, the experiment is started with keep_explicit=True (what that
+    does inside the job is the runner's, tested with it)."""
+    from stepscope.app import optimize_setup
+
+    home = tmp_path / "home"
+    run_id = _a100_run(home)
+    monkeypatch.setenv("STEPSCOPE_HOME", str(home))
+    started: list[dict] = []
+
+    def fake_start(home_arg: str, baseline: int, **kwargs: object) -> int:
+        started.append({"baseline": baseline, **kwargs})
+        with RunStore(home_arg) as store:
+            eid = store.create_experiment(baseline, {"keep_explicit": kwargs["keep_explicit"]})
+            result = experiment_result(eid, baseline, baseline)
+            result["keep_explicit"] = kwargs["keep_explicit"]
+            store.update_experiment(eid, status="completed", ended_at=time.time(), result=result)
+        return eid
+
+    monkeypatch.setattr(optimize_setup, "start_experiment", fake_start)
+    at = open_page("optimize", run=str(run_id))
+    no_errors(at)
+    toggle = at.toggle(key=f"keep_explicit_{run_id}")
+    assert toggle.label == "Keep values my script set explicitly" and toggle.value is False
+    toggle.set_value(True).run()
+    at.button(key="apply").click().run()
+    no_errors(at)
+    assert [(s["baseline"], s["keep_explicit"]) for s in started] == [(run_id, True)]
+    assert "values the script set explicitly kept" in texts(at)  # the experiment's header
+
+
+def test_trial_run_lists_what_it_applied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "home"
+    ids = stored_experiment(home)
+    monkeypatch.setenv("STEPSCOPE_HOME", str(home))
+    at = open_page("run", run=str(ids["trial"]))
+    no_errors(at)
+    assert f"**Trial run** of experiment {ids['experiment']}, arm all, trial 1" in texts(at)
+    applied = table_with(at, "change").set_index("fix")
+    assert applied.loc["dataloader_workers", "change"] == APPLIED_CHANGE
+    assert applied.loc["dataloader_workers", "state"] == "applied, verified"
+    assert applied.loc["prefetch_factor", "state"] == "not applied"
+    link = next(p.proto for p in at.get("page_link") if p.proto.page == "optimize")
+    assert link.query_string == f"run={ids['baseline']}&experiment={ids['experiment']}"
+
+    baseline = open_page("run", run=str(ids["baseline"]))  # not a trial: no such section
+    no_errors(baseline)
+    assert "Trial run" not in texts(baseline)
+
+    compare = open_page("compare", a=str(ids["baseline"]), b=str(ids["trial"]))
+    assert not compare.exception
+    shown = texts(compare)
+    assert f"**fixes applied in B #{ids['trial']} nanogpt [all #1]**" in shown
+    assert f"- `dataloader_workers`: {APPLIED_CHANGE} (applied, verified)" in shown
 
 
 # -- attach page (last: its jobs run until the module ends) -----------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -176,3 +177,33 @@ def test_model_fixes_reach_both_networks_of_a_gan(tmp_path: Path) -> None:
         entries = store.run(run_id)["config"]["applied"]
     autocast = [e for e in entries if e["fix"] == "bf16_autocast" and e["applied"]]
     assert len(autocast) == 2 and all(e["verified"] for e in autocast)
+
+
+@pytest.mark.slow
+def test_compiled_gan_keeps_its_losses_and_passes_the_quality_guard(tmp_path: Path) -> None:
+    """torch_compile on a GAN was failed with "loss is NaN or infinite from step 0" while
+    the job printed the baseline's losses: compiling made the first iteration longer than
+    the forward-step wait, so it was cut into loss-less forward steps."""
+    from stepscope.collectors.launcher import launch_run
+    from stepscope.optim_runner.quality import check_quality, loss_series
+
+    script = Path(__file__).resolve().parents[1] / "examples" / "corpus" / "dcgan_style.py"
+    command = [sys.executable, str(script), "--nimages", "160"]
+    series, outputs = [], []
+    for n, fixes in enumerate(({}, {"torch_compile": {}})):
+        plan = {"fixes": fixes, "seed": 0}
+        run_id, code = launch_run(
+            command, home=tmp_path, max_steps=8, quiet=True, plan=plan, output_path=f"out{n}.log"
+        )
+        assert code == 0
+        with RunStore(tmp_path) as store:
+            steps = store.steps(run_id)
+            run = store.run(run_id)
+        assert set(steps["kind"]) == {"optimizer"} and len(steps) == 8
+        assert steps["loss"].notna().all()
+        series.append(loss_series(steps))
+        outputs.append(run)
+    compiled = [e for e in outputs[1]["config"]["applied"] if e["fix"] == "torch_compile"]
+    assert len(compiled) == 2 and all(e["verified"] for e in compiled)  # generator and critic
+    assert series[1] == pytest.approx(series[0], rel=1e-3)
+    assert check_quality([series[0]], [series[1]]).ok is True

@@ -93,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="re-run a run with fixes applied and measure the gain",
         description="Re-run the run's command as a baseline and with the recommended fixes "
         "(together and one by one), interleaved, and report each fix's measured speed-up "
-        "with a 95 %% confidence interval and whether the loss stayed the same.",
+        # argparse %-formats a description only when it holds %(prog): one % here
+        "with a 95 % confidence interval and whether the loss stayed the same.",
     )
     opt.add_argument("run", help="run id, name, or 'last'")
     opt.add_argument("--fixes", metavar="ID,...", help="fixes to try (default: recommended)")
@@ -109,6 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-numerics",
         action="store_true",
         help="also try fixes that change what the model computes (e.g. larger_batch)",
+    )
+    opt.add_argument(
+        "--keep-explicit",
+        action="store_true",
+        help="keep values the script set explicitly (num_workers=0 passed by the script "
+        "stays 0); by default a fix overrides them and the trial's log says what it replaced",
     )
     opt.add_argument("--json", action="store_true", help="print JSON")
 
@@ -202,6 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 timeout=args.timeout,
                 allow_numerics=args.allow_numerics,
                 as_json=args.json,
+                keep_explicit=args.keep_explicit,
             )
         if args.verb == "demo":
             from stepscope.app.demo import cmd_demo

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stepscope.analyzers.trace_load import TraceError
+from stepscope.app import term
+from stepscope.app.term import esc
 
 
 class _InputError(Exception):
@@ -110,12 +112,9 @@ def _short(name: str, width: int = 70) -> str:
 
 
 def _print_report(report, top: int) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     from stepscope.analyzers.breakdown import CATEGORIES
 
-    console = Console()
+    console = term.console(highlight=True)
     s = report.summary
     console.print(
         f"[bold]stepscope analyze[/bold]: {len(report.paths)} file(s), ranks {s['ranks']}, "
@@ -123,7 +122,7 @@ def _print_report(report, top: int) -> None:
         + ("" if s["has_device"] else " [yellow](CPU only)[/yellow]")
     )
 
-    t = Table(title="Step-time breakdown (priority subtraction, tb-profiler rules)")
+    t = term.table(title="Step-time breakdown (priority subtraction, tb-profiler rules)")
     t.add_column("category")
     t.add_column("mean ms/step", justify="right")
     t.add_column("share", justify="right")
@@ -133,7 +132,7 @@ def _print_report(report, top: int) -> None:
     console.print(t)
 
     if not report.gpu.empty:
-        t = Table(title="GPU metrics")
+        t = term.table(title="GPU metrics")
         for col in (
             "rank",
             "device",
@@ -154,7 +153,7 @@ def _print_report(report, top: int) -> None:
             t.add_row(
                 str(r.rank),
                 str(r.device),
-                r.name,
+                esc(r.name),
                 _pct(r.gpu_utilization),
                 _pct(r.sm_efficiency),
                 occ,
@@ -164,13 +163,13 @@ def _print_report(report, top: int) -> None:
         console.print(t)
 
     if report.temporal is not None and not report.temporal.empty:
-        t = Table(title="Temporal breakdown (HTA)")
+        t = term.table(title="Temporal breakdown (HTA)")
         for col in ("rank", "basis", "idle", "compute", "non-compute"):
             t.add_column(col, justify="right")
         for r in report.temporal.itertuples():
             t.add_row(
                 str(r.rank),
-                str(r.basis),
+                esc(r.basis),
                 f"{r.idle_pct:.1f} %",
                 f"{r.compute_pct:.1f} %",
                 f"{r.non_compute_pct:.1f} %",
@@ -178,15 +177,15 @@ def _print_report(report, top: int) -> None:
         console.print(t)
 
     if report.idle_time is not None and not report.idle_time.empty:
-        t = Table(title="Device idle time by cause (HTA)")
+        t = term.table(title="Device idle time by cause (HTA)")
         for col in ("rank", "stream", "cause", "idle ms", "share"):
             t.add_column(col, justify="right")
         for r in report.idle_time.itertuples():
             if r.idle_ns > 0:
                 t.add_row(
                     str(r.rank),
-                    str(r.stream),
-                    str(r.idle_category),
+                    esc(r.stream),
+                    esc(r.idle_category),
                     _ms(r.idle_ns),
                     _pct(r.idle_share),
                 )
@@ -199,12 +198,12 @@ def _print_report(report, top: int) -> None:
             f"overlap with compute {_pct(comm.get('overlap'))}"
         )
     if report.memory:
-        t = Table(title="Memory peaks")
+        t = term.table(title="Memory peaks")
         for col in ("device", "peak allocated MiB", "peak reserved MiB", "of capacity"):
             t.add_column(col, justify="right")
         for dev, m in report.memory.items():
             t.add_row(
-                dev,
+                esc(dev),
                 f"{m.get('peak_allocated_bytes', 0) / 2**20:,.1f}",
                 f"{m.get('peak_reserved_bytes', 0) / 2**20:,.1f}",
                 _pct(m.get("peak_share")),
@@ -212,7 +211,7 @@ def _print_report(report, top: int) -> None:
         console.print(t)
 
     if not report.kernels_top.empty:
-        t = Table(title=f"Top {top} kernels by total time")
+        t = term.table(title=f"Top {top} kernels by total time")
         for col in ("kernel", "class", "count", "total ms", "mean us", "max us", "share"):
             if col == "kernel":
                 t.add_column(col, no_wrap=True, overflow="ellipsis", max_width=60)
@@ -220,8 +219,8 @@ def _print_report(report, top: int) -> None:
                 t.add_column(col, justify="right", no_wrap=True)
         for r in report.kernels_top.head(top).itertuples():
             t.add_row(
-                _short(r.name),
-                r._2,
+                esc(_short(r.name)),
+                esc(r._2),
                 str(r.count),
                 _ms(r.total_ns),
                 f"{r.mean_ns / 1e3:,.1f}",
@@ -231,30 +230,29 @@ def _print_report(report, top: int) -> None:
         console.print(t)
 
     if not report.ops_top.empty:
-        t = Table(title=f"Top {top} CPU operators by self time")
+        t = term.table(title=f"Top {top} CPU operators by self time")
         for col in ("operator", "count", "self ms", "total ms", "share of self"):
             if col == "operator":
                 t.add_column(col, no_wrap=True, overflow="ellipsis", max_width=60)
             else:
                 t.add_column(col, justify="right", no_wrap=True)
         for r in report.ops_top.head(top).itertuples():
-            t.add_row(_short(r.name), str(r.count), _ms(r.self_ns), _ms(r.total_ns), _pct(r.share))
+            t.add_row(
+                esc(_short(r.name)), str(r.count), _ms(r.self_ns), _ms(r.total_ns), _pct(r.share)
+            )
         console.print(t)
 
     for w in report.warnings:
-        console.print(f"[yellow]warning:[/yellow] {w}")
+        console.print(f"[yellow]warning:[/yellow] {esc(w)}")
 
 
 _CLASS_STYLE = {"io": "cyan", "compute": "magenta", "memory": "yellow", "communication": "green"}
 
 
 def _print_findings(diagnosis) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     from stepscope.analyzers.diagnosis import CLASS_LABELS
 
-    console = Console()
+    console = term.console(highlight=True)
     if not diagnosis.findings:
         console.print(
             f"[bold]Diagnosis[/bold] ({diagnosis.level} level): no bottleneck above the thresholds"
@@ -263,14 +261,14 @@ def _print_findings(diagnosis) -> None:
         style = _CLASS_STYLE.get(f.klass, "white")
         share = "-" if f.share is None else f"{100 * f.share:.1f} % of step time"
         console.print(
-            f"[bold]{i}. [{style}]{CLASS_LABELS[f.klass]} / {f.subtype}[/{style}][/bold]  "
-            f"{f.title}  [dim]({share}, confidence {f.confidence:.2f}, "
-            f"{diagnosis.level} level)[/dim]"
+            f"[bold]{i}. [{style}]{esc(CLASS_LABELS[f.klass])} / {esc(f.subtype)}[/{style}][/bold]  "
+            f"{esc(f.title)}  [dim]({share}, confidence {f.confidence:.2f}, "
+            f"{esc(diagnosis.level)} level)[/dim]"
         )
         for e in f.evidence:
-            console.print(f"     • {e['text']} [dim]({e['source']})[/dim]")
+            console.print(f"     • {esc(e['text'])} [dim]({esc(e['source'])})[/dim]")
         if f.fixes:
-            t = Table(show_header=True, header_style="bold", box=None, padding=(0, 2))
+            t = term.table(show_header=True, header_style="bold", box=None, padding=(0, 2))
             for col in ("fix", "predicted", "auto", "numerics", "basis"):
                 t.add_column(col)
             for fx in f.fixes:
@@ -280,12 +278,12 @@ def _print_findings(diagnosis) -> None:
                 if fx["typical"]:
                     pred += f" (typ. {fx['typical'][0]:g}-{fx['typical'][1]:g}x)"
                 t.add_row(
-                    fx["id"],
+                    esc(fx["id"]),
                     pred,
                     "yes" if fx["auto"] else "code change",
                     "changes" if fx["changes_numerics"] else "same",
-                    fx["basis"],
+                    esc(fx["basis"]),
                 )
             console.print(t)
     for w in diagnosis.warnings:
-        console.print(f"[yellow]warning:[/yellow] {w}")
+        console.print(f"[yellow]warning:[/yellow] {esc(w)}")

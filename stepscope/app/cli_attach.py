@@ -13,6 +13,9 @@ import sys
 import threading
 from typing import Any
 
+from stepscope.app import term
+from stepscope.app.term import esc
+
 
 def cmd_attach(
     pid: int | None,
@@ -23,11 +26,9 @@ def cmd_attach(
     list_only: bool = False,
     quiet: bool = False,
 ) -> int:
-    from rich.console import Console
-
     from stepscope.store import RunStore
 
-    err = Console(stderr=True, quiet=quiet)
+    err = term.console(stderr=True, quiet=quiet)
     if list_only or pid is None:
         with RunStore() as store:
             return _list(store.home, as_json)
@@ -53,7 +54,7 @@ def cmd_attach(
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     for message in result.messages:
-        err.print(f"[yellow]stepscope:[/yellow] {message}")
+        err.print(f"[yellow]stepscope:[/yellow] {esc(message)}")
 
     from stepscope.analyzers.diagnosis import diagnose_run
     from stepscope.analyzers.stacks import classify_samples, phase_shares, top_sites
@@ -79,7 +80,7 @@ def cmd_attach(
         return 0
     from stepscope.app.cli_analyze import _print_findings
 
-    console = Console(quiet=quiet)
+    console = term.console(quiet=quiet)
     _print_phases(console, shares, sites)
     if not quiet:
         _print_findings(diagnosis)
@@ -88,31 +89,26 @@ def cmd_attach(
 
 
 def _print_phases(console: Any, shares: Any, sites: Any) -> None:
-    from rich.table import Table
-
     if shares.empty:
         console.print("no stack samples: the diagnosis rests on the system samples alone")
         return
     console.print("[bold]Where the main thread spends its time[/bold] (stack samples)")
-    t = Table(box=None)
+    t = term.table(box=None)
     for col in ("phase", "share", "samples"):
         t.add_column(col, justify="left" if col == "phase" else "right")
     for r in shares.itertuples():
-        t.add_row(r.label, f"{100 * r.share:.1f} %", str(r.samples))
+        t.add_row(esc(r.label), f"{100 * r.share:.1f} %", str(r.samples))
     console.print(t)
     console.print("[bold]Top lines of the job's own code[/bold]")
-    s = Table(box=None)
+    s = term.table(box=None)
     for col in ("line", "phase", "share"):
         s.add_column(col, justify="right" if col == "share" else "left")
     for r in sites.head(5).itertuples():
-        s.add_row(r.site, r.category, f"{100 * r.share:.1f} %")
+        s.add_row(esc(r.site), esc(r.category), f"{100 * r.share:.1f} %")
     console.print(s)
 
 
 def _list(home: Any, as_json: bool) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
     from stepscope.app.formats import fmt_bytes
     from stepscope.collectors.process_list import candidates
 
@@ -120,22 +116,23 @@ def _list(home: Any, as_json: bool) -> int:
     if as_json:
         print(json.dumps(rows, indent=1))
         return 0
-    t = Table(title="processes to attach to", title_justify="left")
+    t = term.table(title="processes to attach to", title_justify="left")
     for col in ("pid", "user", "cpu", "memory", "GPU memory", "stepscope", "command"):
         t.add_column(col)
     for r in rows:
         t.add_row(
             str(r["pid"]),
-            r["user"] or "?",
+            esc(r["user"] or "?"),
             "-" if r["cpu_percent"] is None else f"{r['cpu_percent']:.0f} %",
             "-" if r["rss_bytes"] is None else fmt_bytes(r["rss_bytes"]),
             "-" if r["gpu_mem_bytes"] is None else fmt_bytes(r["gpu_mem_bytes"]),
             f"run {r['run_id']}" if r["run_id"] is not None else "",
-            r["command"][:80],
+            esc(r["command"][:80]),
         )
-    Console().print(t)
+    console = term.console()
+    console.print(t)
     if not rows:
-        Console().print("no Python or GPU processes found")
+        console.print("no Python or GPU processes found")
     return 0
 
 

@@ -1,15 +1,21 @@
 """`stepscope optimize RUN`: re-run a recorded job with fixes applied and prove the gain.
 
 A thin shell over ``optim_runner.experiment.run_experiment``. Progress goes to stderr
-(a rich progress bar with the current arm), so that ``--json`` leaves stdout to the
-JSON alone; the report is a table per candidate and predicted vs measured per fix.
+(a rich progress bar with the current arm on a terminal, one plain line per trial
+start and end anywhere else), so that ``--json`` leaves stdout to the JSON alone; the
+report is a table per candidate and predicted vs measured per fix.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from typing import Any
+
+from stepscope.app import term
+from stepscope.app.applied import not_applied_text
+from stepscope.app.term import esc, say
 
 
 def cmd_optimize(
@@ -20,13 +26,12 @@ def cmd_optimize(
     timeout: float | None = None,
     allow_numerics: bool = False,
     as_json: bool = False,
+    keep_explicit: bool = False,
 ) -> int:
-    from rich.console import Console
-
     from stepscope.optim_runner.experiment import ExperimentError, run_experiment
     from stepscope.store import RunStore
 
-    err = Console(stderr=True)
+    err = term.console(stderr=True)
     fix_ids = [f.strip() for f in fixes.split(",") if f.strip()] if fixes else None
     with RunStore() as store:
         run_id = store.resolve_run(run_ref)
@@ -41,6 +46,7 @@ def cmd_optimize(
                     timeout_s=timeout,
                     allow_numerics=allow_numerics,
                     progress=view.update,
+                    keep_explicit=keep_explicit,
                 )
             except (ValueError, ExperimentError) as exc:
                 view.stop()
@@ -53,55 +59,95 @@ def cmd_optimize(
     if as_json:
         print(json.dumps(result, indent=1))
     else:
-        render(result, Console())
+        render(result, term.console())
     return 0
 
 
 class _ProgressView:
-    """A rich progress bar fed by the experiment's progress callback."""
+    """The experiment's progress callback, drawn for whoever reads ``console``.
 
-    def __init__(self, console: Any, run_id: int) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+    On a terminal, a rich progress bar with the current arm. Anywhere else (a log file,
+    CI, ``2>&1 | tee``) rich draws nothing until the end, and a ten-minute experiment
+    looks hung: there each trial's start and end is one plain line instead, e.g.
+    ``trial 3/12: all #1 ...`` then ``trial 3/12: all #1 ok (run 17, 4.2 s)``.
+    """
 
-        self.progress = Progress(
-            TextColumn("[bold]optimize run {task.fields[run]}[/]"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.description}"),
-            console=console,
-            transient=False,
-        )
-        self.task = self.progress.add_task("starting", total=None, run=run_id)
-        self.console = console
+    def __init__(self, con: Any, run_id: int) -> None:
+        self.console = con
+        self.run_id = run_id
+        self.started: dict[tuple[str, int, str], float] = {}
+        self.progress: Any = None
+        self.said_hello = False
+        if con.is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+            self.progress = Progress(
+                TextColumn("[bold]optimize run {task.fields[run]}[/]"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.description}"),
+                console=con,
+                transient=False,
+            )
+            self.task = self.progress.add_task("starting", total=None, run=run_id)
 
     def __enter__(self) -> _ProgressView:
-        self.progress.start()
+        if self.progress is not None:
+            self.progress.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def stop(self) -> None:
-        self.progress.stop()
+        if self.progress is not None:
+            self.progress.stop()
 
     def update(self, state: dict[str, Any]) -> None:
-        arm = state["arm"]
-        label = f"{arm} (trial {state['trial'] + 1}/{state['trials']})"
-        if state["phase"] == "confirm":
-            label += " confirming the kept fixes"
+        if self.progress is None:
+            if not self.said_hello:  # at the first trial: a refused experiment says only why
+                say(self.console, f"optimize run {self.run_id}: one line per trial run")
+                self.said_hello = True
+            say(self.console, trial_line(state, self.started))
         if state["event"] == "trial_end" and state.get("error"):
-            self.progress.console.print(
-                f"[red]{arm} failed[/] (run {state['run_id']}): {state['error']}"
+            if state.get("status") == "failed":
+                head = f"[red]{esc(state['arm'])} failed[/]"
+            else:  # 'not applied': the job ran, its fix did not take effect (not measured)
+                head = f"[yellow]{esc(state['arm'])}[/]"
+            self.console.print(f"{head} (run {state['run_id']}): {esc(state['error'])}")
+        if self.progress is not None:
+            label = f"{esc(state['arm'])} (trial {state['trial'] + 1}/{state['trials']})"
+            if state["phase"] == "confirm":
+                label += " confirming the kept fixes"
+            self.progress.update(
+                self.task, completed=state["done"], total=state["total"], description=label
             )
-        self.progress.update(
-            self.task, completed=state["done"], total=state["total"], description=label
-        )
+
+
+def trial_line(state: dict[str, Any], started: dict[tuple[str, int, str], float]) -> str:
+    """One plain line for a trial's start or end (``started`` keeps the start times)."""
+    key = (str(state["arm"]), int(state["trial"]), str(state.get("phase")))
+    what = f"{state['arm']} #{int(state['trial']) + 1}"
+    if state.get("phase") == "confirm":
+        what += " (confirming the kept fixes)"
+    total = state.get("total") or "?"
+    if state["event"] == "trial_start":
+        started[key] = time.monotonic()
+        return f"trial {int(state['done']) + 1}/{total}: {what} ..."
+    took = ""
+    if key in started:
+        took = f", {time.monotonic() - started.pop(key):.1f} s"
+    outcome = state.get("status") or "ended"
+    return f"trial {state['done']}/{total}: {what} {outcome} (run {state.get('run_id')}{took})"
 
 
 def render(result: dict[str, Any], console: Any) -> None:
-    """The experiment's report on the terminal."""
-    from rich.table import Table
+    """The experiment's report on the terminal (or a pipe: see ``app.term``).
 
+    Fields added after the first stored results (``keep_explicit``, ``contention``, a
+    candidate ``not_applied``, a fix's ``note``) are read with ``.get``: an experiment
+    stored by an older stepscope still renders.
+    """
     base = result["baseline"]
     console.print(
         f"[bold]Experiment {result['experiment_id']}[/] on run {result['baseline_run']}: "
@@ -109,50 +155,89 @@ def render(result: dict[str, Any], console: Any) -> None:
         f"baseline median step {_secs(base['step_time_median_s'])}"
         f" (warm-up: {base['warmup']['steps']} steps excluded)"
     )
-    table = Table(title="Candidates", title_justify="left")
+    explicit = _explicit_line(result.get("keep_explicit"))
+    if explicit:
+        console.print(f"[dim]{explicit}[/dim]")
+    table = term.table(title="Candidates", title_justify="left")
     for col in ("candidate", "fixes", "status", "speed-up", "95 % CI", "verdict", "loss"):
         table.add_column(col)
     for c in result["candidates"]:
-        table.add_row(
-            c["name"],
-            ", ".join(c["fixes"]),
-            c["status"] if not c["error"] else f"[red]{c['failure'] or 'failed'}[/]",
-            _x(c["speedup"]),
-            _ci(c["ci"]),
-            _verdict(c["verdict"]),
-            _quality(c),
-        )
+        table.add_row(*_candidate_cells(c))
     console.print(table)
     for c in result["candidates"]:
-        if c["error"]:
-            console.print(f"  [red]{c['name']}[/]: {c['error']}")
-        elif c["quality_ok"] is False:
-            console.print(f"  [red]{c['name']}[/]: {c['quality']['reason']}")
+        if c.get("status") == "not_applied":
+            continue  # said in its row: the runner's error repeats the same reason
+        if c.get("error"):
+            console.print(f"  [red]{esc(c['name'])}[/]: {esc(c['error'])}")
+        elif c.get("quality_ok") is False:
+            console.print(f"  [red]{esc(c['name'])}[/]: {esc(c['quality']['reason'])}")
+    warning = (result.get("contention") or {}).get("warning")
+    if warning:
+        console.print(f"[bold yellow]warning: {esc(warning)}[/]")
 
-    fixes = Table(title="Predicted vs measured, per fix", title_justify="left")
+    fixes = term.table(title="Predicted vs measured, per fix", title_justify="left")
     for col in ("fix", "parameters", "predicted (bound)", "measured", "95 % CI", "verdict", "keep"):
         fixes.add_column(col)
     for f in result["fixes"]:
-        against = "" if f["against"] == "baseline" else f" over {f['against']}"
+        against = "" if f["against"] == "baseline" else f" over {esc(f['against'])}"
         fixes.add_row(
-            f["id"],
-            ", ".join(f"{k}={v}" for k, v in f["params"].items()),
+            esc(f["id"]),
+            esc(", ".join(f"{k}={v}" for k, v in f["params"].items())),
             _bounds(f),
             _x(f["measured"]) + against if f["measured"] else "-",
             _ci(f["ci"]),
-            _verdict(f["verdict"]) if f["verdict"] else f["status"],
+            _fix_verdict(f),
             "[green]yes[/]" if f["kept"] else "no",
         )
     console.print(fixes)
+    for f in result["fixes"]:
+        if f.get("note"):
+            console.print(f"  [bold]{esc(f['id'])}[/]: {esc(f['note'])}")
     best = result["best"]
     if best["fixes"]:
         how = "confirmed in a run of its own" if best.get("confirmed") else "measured"
         console.print(
-            f"[bold green]Keep: {', '.join(best['fixes'])}[/] — {_x(best['speedup'])} "
+            f"[bold green]Keep: {esc(', '.join(best['fixes']))}[/] — {_x(best['speedup'])} "
             f"({_ci(best['ci'])}, {how})"
         )
     else:
         console.print("[bold]No fix measured faster with the loss kept: keep the job as it is.[/]")
+
+
+def _candidate_cells(c: dict[str, Any]) -> tuple[str, ...]:
+    name, fixes = esc(c["name"]), esc(", ".join(c["fixes"]))
+    if c.get("status") == "not_applied":
+        why = f"[yellow]{esc(not_applied_text(c))}[/]"
+        return name, fixes, "[yellow]not applied[/]", "-", "-", why, "-"
+    failed = c.get("status") == "failed" or c.get("error")
+    status = f"[red]{esc(c.get('failure') or 'failed')}[/]" if failed else esc(c["status"])
+    return (
+        name,
+        fixes,
+        status,
+        _x(c.get("speedup")),
+        _ci(c.get("ci")),
+        _verdict(c.get("verdict")),
+        _quality(c),
+    )
+
+
+def _fix_verdict(f: dict[str, Any]) -> str:
+    if f.get("verdict"):
+        return _verdict(f["verdict"])
+    if f.get("status") == "not applied":
+        why = f.get("not_applied_why") or "no reason recorded"
+        return f"[yellow]not applied: {esc(why)}[/]"
+    return esc(f.get("status") or "-")
+
+
+def _explicit_line(keep: bool | None) -> str | None:
+    """How the trials treated values the script set itself (None: an older result)."""
+    if keep is None:
+        return None
+    if keep:
+        return "values the script set explicitly were kept (--keep-explicit)"
+    return "fixes override values the script set explicitly (each trial's log says what)"
 
 
 def _bounds(fix: dict) -> str:
@@ -178,13 +263,13 @@ def _secs(value: float | None) -> str:
 
 def _verdict(verdict: str | None) -> str:
     colour = {"faster": "green", "slower": "red"}.get(verdict or "", "yellow")
-    return "-" if verdict is None else f"[{colour}]{verdict}[/]"
+    return "-" if verdict is None else f"[{colour}]{esc(verdict)}[/]"
 
 
 def _quality(c: dict[str, Any]) -> str:
-    if c["quality_ok"] is None:
+    if c.get("quality_ok") is None:
         return "-" if c["status"] == "failed" else "not checked"
     return "[green]kept[/]" if c["quality_ok"] else "[red]changed[/]"
 
 
-__all__ = ["cmd_optimize", "render"]
+__all__ = ["cmd_optimize", "render", "trial_line"]

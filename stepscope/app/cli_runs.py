@@ -13,7 +13,10 @@ import sys
 import time
 from typing import Any
 
+from stepscope.app import term
+from stepscope.app.applied import applied_changes, state, trial_label
 from stepscope.app.formats import fmt_bytes, fmt_num, fmt_s, fmt_time, missing
+from stepscope.app.term import esc
 
 # Samples shown in the readable view of `show` (JSON carries every metric).
 _SHOWN_SAMPLES = (
@@ -147,12 +150,10 @@ def cmd_runs(as_json: bool) -> int:
     if as_json:
         _print_json(rows)
         return 0
-    from rich.table import Table
-
     if not rows:
-        _console().print(f"no runs yet in {store.home}: try stepscope run -- python train.py")
+        _console().print(f"no runs yet in {esc(store.home)}: try stepscope run -- python train.py")
         return 0
-    table = Table(title=f"runs in {store.home}", title_justify="left")
+    table = term.table(title=f"runs in {esc(store.home)}", title_justify="left")
     with_findings = any(r["top_finding"] for r in rows)
     for col, justify in (
         ("id", "right"),
@@ -174,7 +175,7 @@ def cmd_runs(as_json: bool) -> int:
     for r in rows:
         table.add_row(
             str(r["id"]),
-            r["name"],
+            esc(r["name"]),
             _status_text(r["status"]),
             "" if r["exit_code"] is None else str(r["exit_code"]),
             str(r["steps"]),
@@ -194,7 +195,8 @@ def _finding_text(finding: dict | None) -> str:
     from stepscope.analyzers.diagnosis import CLASS_LABELS
 
     share = "" if finding["share"] is None else f" {100 * finding['share']:.0f} %"
-    return f"{CLASS_LABELS.get(finding['class'], finding['class'])} {finding['subtype']}{share}"
+    label = CLASS_LABELS.get(finding["class"], finding["class"])
+    return esc(f"{label} {finding['subtype']}{share}")
 
 
 def cmd_show(ref: str, as_json: bool) -> int:
@@ -239,28 +241,29 @@ def cmd_capture(ref: str, steps: int) -> int:
 
 # -- rendering -------------------------------------------------------------------------
 def _print_show(d: dict[str, Any]) -> None:
-    from rich.table import Table
-
     console = _console()
-    head = Table(show_header=False, title=f"run {d['id']}: {d['name']}", title_justify="left")
+    head = term.table(
+        show_header=False, title=f"run {d['id']}: {esc(d['name'])}", title_justify="left"
+    )
     head.add_column(style="bold")
     head.add_column()
     head.add_row("status", _status_text(d["status"]))
-    head.add_row("command", " ".join(d["command"]) if isinstance(d["command"], list) else "")
+    head.add_row("command", esc(" ".join(d["command"])) if isinstance(d["command"], list) else "")
     if d["exit_code"] is not None:
         head.add_row("exit code", str(d["exit_code"]))
     if d["error"]:
-        head.add_row("error", str(d["error"]))
+        head.add_row("error", esc(d["error"]))
     if d["stop_reason"]:
-        head.add_row("stop reason", str(d["stop_reason"]))
+        head.add_row("stop reason", esc(d["stop_reason"]))
     head.add_row("started", fmt_time(d["started_at"]))
     head.add_row("duration", fmt_s(d["duration_s"], digits=1))
     if d["device"]:
-        head.add_row("device", ", ".join(f"{k}={v}" for k, v in d["device"].items()))
-    head.add_row("folder", d["run_dir"])
+        head.add_row("device", esc(", ".join(f"{k}={v}" for k, v in d["device"].items())))
+    head.add_row("folder", esc(d["run_dir"]))
     console.print(head)
+    _print_applied(console, d["config"])
 
-    st = Table(show_header=False, title="steps", title_justify="left")
+    st = term.table(show_header=False, title="steps", title_justify="left")
     st.add_column(style="bold")
     st.add_column(justify="right")
     ranks = d["ranks"]
@@ -287,7 +290,7 @@ def _print_show(d: dict[str, Any]) -> None:
         shown += [(f"{gpu}.{m}", f"{gpu} {label}", kind) for m, label, kind in _GPU_SHOWN]
     shown = [s for s in shown if s[0] in metrics]
     if shown:
-        sm = Table(title=f"samples ({d['samples']['count']})", title_justify="left")
+        sm = term.table(title=f"samples ({d['samples']['count']})", title_justify="left")
         sm.add_column("metric")
         sm.add_column("mean", justify="right")
         sm.add_column("max", justify="right")
@@ -297,29 +300,50 @@ def _print_show(d: dict[str, Any]) -> None:
         console.print(sm)
 
     if d["artifact_details"]:
-        art = Table(title="artifacts", title_justify="left")
+        art = term.table(title="artifacts", title_justify="left")
         art.add_column("kind")
         art.add_column("rank", justify="right")
         art.add_column("path", overflow="fold")
         for a in d["artifact_details"]:
-            art.add_row(a["kind"], str(a["rank"]), a["path"])
+            art.add_row(esc(a["kind"]), str(a["rank"]), esc(a["path"]))
         console.print(art)
 
     if d["events"]:
-        ev = Table(title="log", title_justify="left")
+        ev = term.table(title="log", title_justify="left")
         ev.add_column("time")
         ev.add_column("level")
         ev.add_column("source")
         ev.add_column("message", overflow="fold")
         for e in d["events"]:
-            ev.add_row(fmt_time(e["t"], clock=True), e["level"], e["source"], e["message"])
+            ev.add_row(
+                fmt_time(e["t"], clock=True), esc(e["level"]), esc(e["source"]), esc(e["message"])
+            )
         console.print(ev)
 
 
-def _console() -> Any:
-    from rich.console import Console
+def _print_applied(console: Any, config: dict[str, Any] | None) -> None:
+    """A trial run of an experiment: what its fixes changed in the job, as logged."""
+    label = trial_label(config)
+    changes = applied_changes(config)
+    fixes = ", ".join((config or {}).get("fixes") or [])
+    if not changes and (label is None or not fixes):
+        return  # not a trial, or a baseline trial: nothing was applied
+    title = f"fixes applied ({esc(label or 'not a trial')}; fixes: {esc(fixes or '-')})"
+    if not changes:
+        console.print(f"{title}: the job logged no change")
+        return
+    t = term.table(title=title, title_justify="left")
+    t.add_column("fix")
+    t.add_column("change", overflow="fold")
+    t.add_column("state")
+    for c in changes:
+        colour = "green" if c["applied"] and c["verified"] is not False else "yellow"
+        t.add_row(esc(c["fix"]), esc(c["change"]), f"[{colour}]{state(c)}[/{colour}]")
+    console.print(t)
 
-    return Console(highlight=False)
+
+def _console() -> Any:
+    return term.console()
 
 
 def _status_text(status: str) -> str:
@@ -332,7 +356,7 @@ def _status_text(status: str) -> str:
         "lost": "yellow",
         "interrupted": "yellow",
     }.get(status, "white")
-    return f"[{colour}]{status}[/{colour}]"
+    return f"[{colour}]{esc(status)}[/{colour}]"
 
 
 def _duration(run: dict[str, Any]) -> float | None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import stepscope
+from stepscope.app.term import esc
 
 MARKER = ".stepscope-demo"
 DEFAULT_HOME = Path.home() / ".stepscope-demo"
@@ -66,7 +67,7 @@ def run_demo(home: Path, steps: int, trials: int, console: Any) -> tuple[int, in
 
     script = example_script()
     console.print(
-        f"[bold]1/3[/] recording {script.name} ({steps} steps, a profiler capture of "
+        f"[bold]1/3[/] recording {esc(script.name)} ({steps} steps, a profiler capture of "
         "3 steps), about 15 s"
     )
     with console.status("the job is running (its output: the run's job.log)"):
@@ -89,9 +90,9 @@ def run_demo(home: Path, steps: int, trials: int, console: Any) -> tuple[int, in
         for f in diagnosis.findings[:3]:
             share = "" if f.share is None else f" {100 * f.share:.0f} % of step time,"
             best = f.fixes[0] if f.fixes else None
-            tip = f" → {best['id']} (≤ {best['predicted_speedup']}x)" if best else ""
+            tip = f" → {esc(best['id'])} (≤ {best['predicted_speedup']}x)" if best else ""
             console.print(
-                f"     {CLASS_LABELS[f.klass]} / {f.subtype}:{share} "
+                f"     {esc(CLASS_LABELS[f.klass])} / {esc(f.subtype)}:{share} "
                 f"confidence {f.confidence:.2f}{tip}"
             )
         console.print(
@@ -109,11 +110,10 @@ def cmd_demo(
 ) -> int:
     import os
 
-    from rich.console import Console
-
+    from stepscope.app.term import console as make_console
     from stepscope.optim_runner.experiment import ExperimentError
 
-    console = Console()
+    console = make_console()
     try:
         root = fresh_home(Path(home) if home else DEFAULT_HOME)
         os.environ["STEPSCOPE_HOME"] = str(root)
@@ -125,13 +125,15 @@ def cmd_demo(
         print("stepscope: demo interrupted; what was recorded stays in the store", file=sys.stderr)
         return 130
     if not dashboard:
-        console.print(f"store: {root} — `stepscope --home {root} dashboard` to look at it")
+        console.print(
+            f"store: {esc(root)} — `stepscope --home {esc(root)} dashboard` to look at it"
+        )
         return 0
     from stepscope.app.cli_dashboard import cmd_dashboard, dashboard_url
 
     base = dashboard_url(host, port).rstrip("/")
     console.print(
-        f"[bold]open[/] {base}/optimize?run={run_id}&experiment={experiment_id} "
+        f"[bold]open[/] {esc(base)}/optimize?run={run_id}&experiment={experiment_id} "
         f"(the experiment), or {base}/run?run={run_id} (the run and its diagnosis)"
     )
     return cmd_dashboard(host=host, port=port)

@@ -23,6 +23,7 @@ import streamlit as st
 
 from stepscope.analyzers.step_stats import summarize_steps
 from stepscope.app import charts, data, ui
+from stepscope.app.applied import not_applied_text
 from stepscope.app.speed import compare_speed
 from stepscope.optim_runner.experiment import cancel_experiment
 from stepscope.optim_runner.stats import timed_step_times
@@ -36,11 +37,22 @@ def header(row: dict[str, Any]) -> None:
     took = ""
     if row.get("ended_at"):
         took = f" · took {(row['ended_at'] - row['created_at']) / 60:.1f} min"
+    keep = (row.get("result") or {}).get("keep_explicit", cfg.get("keep_explicit"))
     st.caption(
         f"started {started}{took} · fixes: {', '.join(cfg.get('fixes') or []) or '—'} · "
         f"{cfg.get('trials', '?')} trials × {cfg.get('steps', '?')} steps per arm"
         + (" · numerics may change" if cfg.get("allow_numerics") else "")
+        + _explicit_note(keep)
     )
+
+
+def _explicit_note(keep: bool | None) -> str:
+    """How the trials treated the script's own values; nothing for an older experiment."""
+    if keep is None:
+        return ""
+    if keep:
+        return " · values the script set explicitly kept"
+    return " · fixes override values the script set explicitly"
 
 
 # -- running ---------------------------------------------------------------------------------
@@ -66,6 +78,11 @@ def progress_bar(progress: dict[str, Any]) -> None:
         st.caption(
             f":material/warning: {arm} failed in run {progress.get('run_id')}: "
             f"{_first_line(progress.get('error'))}; the other arms go on without it."
+        )
+    elif progress.get("event") == "trial_end" and progress.get("status") == "not applied":
+        st.caption(
+            f":material/block: {arm} ran in run {progress.get('run_id')}, but "
+            f"{_first_line(progress.get('error'))}: it is not measured; the other arms go on."
         )
 
 
@@ -151,6 +168,8 @@ def _first_line(text: Any) -> str:
 
 
 def _quality(c: dict[str, Any]) -> str:
+    if c.get("status") == "not_applied":
+        return "—"
     if c.get("quality_ok") is None:
         return "—" if c["status"] == "failed" else "not checked"
     return "kept" if c["quality_ok"] else "changed"
@@ -177,6 +196,15 @@ def verdict(result: dict[str, Any]) -> None:
             + (f" Measured: {'; '.join(measured)}." if measured else ""),
             icon=":material/info:",
         )
+    for c in result["candidates"]:
+        if c.get("status") == "not_applied":
+            st.warning(
+                f"**{c['name']}** was not measured: {not_applied_text(c)}.",
+                icon=":material/block:",
+            )
+    warning = (result.get("contention") or {}).get("warning")
+    if warning:
+        st.warning(warning, icon=":material/warning:")
     cols = st.columns(4)
     cols[0].metric(
         "speed-up of the kept fixes",
@@ -207,19 +235,24 @@ def ablation_table(result: dict[str, Any]) -> None:
     for c in result["candidates"]:
         step = c.get("step_time") or {}
         failed = c["status"] == "failed"
+        skipped = c["status"] == "not_applied"
+        if failed:
+            status, why = c.get("failure") or "failed", _first_line(c.get("error"))
+        elif skipped:
+            status, why = "not applied", not_applied_text(c)
+        else:
+            status, why = c["status"], _first_line((c.get("quality") or {}).get("reason"))
         rows.append(
             {
                 "candidate": c["name"],
                 "fixes": ", ".join(c["fixes"]),
-                "status": (c.get("failure") or "failed") if failed else c["status"],
+                "status": status,
                 "speed-up": c.get("speedup"),
                 "95 % CI": _ci(c.get("ci")),
-                "verdict": c.get("verdict") or "—",
+                "verdict": not_applied_text(c) if skipped else c.get("verdict") or "—",
                 "median step ratio": step.get("ratio"),
                 "loss": _quality(c),
-                "why": _first_line(c.get("error"))
-                if failed
-                else _first_line((c.get("quality") or {}).get("reason")),
+                "why": why,
                 "trial runs": ", ".join(f"#{r}" for r in c.get("runs") or []),
             }
         )
@@ -249,7 +282,7 @@ def per_fix(result: dict[str, Any]) -> None:
             "bound (these trials)": f.get("predicted_in_experiment"),
             "measured": f.get("measured"),
             "95 % CI": _ci(f.get("ci")),
-            "verdict": f.get("verdict") or f.get("status"),
+            "verdict": _fix_verdict(f),
             "against": f.get("against"),
             "kept": "✓ keep" if f.get("kept") else "—",
         }
@@ -268,12 +301,24 @@ def per_fix(result: dict[str, Any]) -> None:
             "measured": x(format="%.2fx"),
         },
     )
+    notes = [f"`{f['id']}`: {f['note']}" for f in result["fixes"] if f.get("note")]
+    if notes:
+        st.caption("Notes: " + " · ".join(notes))
     fig = charts.fix_speedups(result["fixes"])
     if fig is not None:
         st.plotly_chart(fig, key="fix_speedups")
     why = [f"`{f['id']}`: {f['why_params']}" for f in result["fixes"] if f.get("why_params")]
     if why:
         st.caption("Parameters: " + " · ".join(why))
+
+
+def _fix_verdict(f: dict[str, Any]) -> str:
+    """The verdict; for a fix that never took effect, why (it was not measured)."""
+    if f.get("verdict"):
+        return str(f["verdict"])
+    if f.get("status") == "not applied":
+        return f"not applied: {f.get('not_applied_why') or 'no reason recorded'}"
+    return str(f.get("status") or "—")
 
 
 def pair_for_compare(home: str, result: dict[str, Any]) -> tuple[int, int, str] | None:

@@ -15,6 +15,10 @@ Decisions, and why:
   experiment will call, with their reason: "4 workers" is a claim to be checked.
 * **One experiment per run at a time**: two would share the machine and measure each
   other's load; the button says so instead of doing nothing.
+* **Fixes override what the script set, unless asked not to.** A script passing
+  ``num_workers=args.workers`` with 0 is exactly the job the workers fix is for, so by
+  default the fix replaces the script's value (each trial's log says what it replaced);
+  the toggle keeps the script's explicit values, as ``stepscope optimize --keep-explicit``.
 """
 
 from __future__ import annotations
@@ -111,8 +115,9 @@ def fix_picker(run_id: int, auto: list[dict[str, Any]]) -> tuple[list[str], bool
         allow = st.toggle(
             "Allow numerics to change",
             key=f"allow_numerics_{run_id}",
-            help="also offer fixes that change what an optimizer step computes (batch size); "
-            "the quality guard still compares the loss with the baseline's",
+            help="also offer fixes that change what the model computes (bf16, TF32, a larger "
+            "batch): a different result is your call; the quality guard still compares the "
+            "loss with the baseline's",
         )
     checked = []
     for fix in auto:
@@ -139,7 +144,7 @@ def fix_notes(auto: list[dict[str, Any]], plans: dict[str, dict[str, Any]]) -> N
         plan = plans.get(fix["id"], {})
         params = ", ".join(f"{k}={v}" for k, v in (plan.get("params") or {}).items())
         if fix.get("needs_consent"):
-            note = "changes what an optimizer step sees: tried only when numerics may change"
+            note = "changes what the model computes: tried only when numerics may change"
         elif fix.get("changes_numerics"):
             note = "changes numerics: the quality guard compares the loss step by step"
         else:
@@ -163,6 +168,17 @@ def fix_notes(auto: list[dict[str, Any]], plans: dict[str, dict[str, Any]]) -> N
             "predicted (bound)": st.column_config.NumberColumn(format="≤ %.2fx"),
             "why these": st.column_config.TextColumn(width="large"),
         },
+    )
+
+
+def keep_explicit_toggle(run_id: int) -> bool:
+    """Off by default: a fix the user asked to try replaces the script's own value."""
+    return st.toggle(
+        "Keep values my script set explicitly",
+        value=False,
+        key=f"keep_explicit_{run_id}",
+        help="on: a value the script passes itself (num_workers=0) stays as it is; off: a fix "
+        "overrides it and the trial's log says what it replaced",
     )
 
 
@@ -221,6 +237,7 @@ def apply_button(
     trials: int,
     steps: int,
     busy: dict[str, Any] | None,
+    keep_explicit: bool = False,
 ) -> None:
     """Start the experiment; on success the URL names it, so the page can be left."""
     blocked = None
@@ -243,7 +260,13 @@ def apply_button(
         return
     try:
         experiment_id = start_experiment(
-            home, run_id, fixes=selected, steps=steps, trials=trials, allow_numerics=allow
+            home,
+            run_id,
+            fixes=selected,
+            steps=steps,
+            trials=trials,
+            allow_numerics=allow,
+            keep_explicit=keep_explicit,
         )
     except ValueError as exc:
         st.error(f"Not started: {data.one_line(exc)}", icon=":material/error:")
@@ -289,6 +312,7 @@ def show(home: str, run: dict[str, Any], d: data.RunData, busy: dict[str, Any] |
         "the script. Each is measured together with the others and alone."
     )
     selected, allow = fix_picker(run_id, auto)
+    keep = keep_explicit_toggle(run_id)
     # planned as they will run: one fix's parameters can depend on the others checked
     plans, problem = planned(home, run_id, tuple(selected), marker)
     fix_notes(auto, {p["id"]: p for p in plans})
@@ -301,7 +325,7 @@ def show(home: str, run: dict[str, Any], d: data.RunData, busy: dict[str, Any] |
     chosen = [p for p in plans if p["id"] in selected]
     if chosen:
         st.caption(estimate(run, d.steps, chosen, trials, steps))
-    apply_button(home, run_id, selected, allow, trials, steps, busy)
+    apply_button(home, run_id, selected, allow, trials, steps, busy, keep_explicit=keep)
 
 
 def _advice(advice: list[dict[str, Any]], run_id: int) -> None:

@@ -18,6 +18,7 @@ import pandas as pd
 import streamlit as st
 
 from stepscope.app import charts, data, tb_launch, ui
+from stepscope.app.applied import applied_changes, state, trial_label
 
 log = logging.getLogger("stepscope.dashboard")
 
@@ -46,6 +47,39 @@ def headline(d: data.RunData) -> None:
         f"{s['steps']} steps recorded, {s['timed_steps']} timed"
         + (f" ({' and '.join(left_out)} steps left out of the figures)" if left_out else "")
     )
+
+
+def applied_section(run: dict[str, Any]) -> None:
+    """A trial run of an experiment: which experiment and arm, and what its fixes changed
+    in the job (``num_workers 0 -> 4 (the job set 0)``); nothing for any other run."""
+    config = run.get("config") or {}
+    label = trial_label(config)
+    changes = applied_changes(config)
+    if label is None and not changes:
+        return
+    fixes = ", ".join(config.get("fixes") or []) or "none (a baseline trial)"
+    st.markdown(f"**Trial run** of {label or 'an experiment'} · fixes: {fixes}")
+    if config.get("experiment") is not None and run.get("parent_run_id") is not None:
+        st.page_link(
+            "views/optimize.py",
+            label=f"Experiment {config['experiment']}: its result",
+            icon=":material/science:",
+            query_params={
+                "run": str(int(run["parent_run_id"])),
+                "experiment": str(config["experiment"]),
+            },
+        )
+    if changes:
+        st.dataframe(
+            pd.DataFrame(
+                [{"fix": c["fix"], "change": c["change"], "state": state(c)} for c in changes]
+            ),
+            hide_index=True,
+            key="applied",
+            column_config={"change": st.column_config.TextColumn(width="large")},
+        )
+    elif config.get("fixes"):
+        st.caption("The job logged no change for its fixes.")
 
 
 def step_charts(d: data.RunData, report: Any | None) -> None:

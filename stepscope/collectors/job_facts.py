@@ -95,6 +95,7 @@ def optimizer_facts(optimizer: Any) -> dict[str, Any]:
         "fused": defaults.get("fused"),
         "foreach": defaults.get("foreach"),
         "supports_fused": "fused" in defaults,
+        "fused_kernels": _fused_kernel_devices(),
         "param_tensors": params,
     }
 
@@ -185,5 +186,16 @@ def _cpu_bf16(torch: Any) -> bool | None:
         return bool(torch.backends.mkldnn.is_available()) and bool(
             torch.ops.mkldnn._is_mkldnn_bf16_supported()
         )
+    except Exception:
+        return None
+
+
+def _fused_kernel_devices() -> list[str] | None:
+    """Device types the installed torch has fused optimizer kernels for (the CPU since
+    2.4); None where torch does not say (older versions: CUDA only)."""
+    try:
+        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+        return list(_get_fused_kernels_supported_devices())
     except Exception:
         return None

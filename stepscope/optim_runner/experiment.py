@@ -15,15 +15,27 @@ Decisions, and why:
   order biased our paired overhead measurements (bench/overhead.py).
 * **Warm-up excluded per trial**, as on the run page (``timed_step_times``), and
   reported separately: worker start-up or compilation is a cost, but a one-off one.
+* **Applied, verified, or not measured.** After a candidate's trial the job's own
+  report (``config.applied``) says whether each fix took effect on the real objects
+  (``took_effect``); one that did not is "not applied" with the reason, is not run
+  again, and gets no speed-up, verdict or "slower".
+* **Fixes override what the script set** (``keep_explicit=False``, the default): the
+  user asked to try them; the trial's log says what each replaced.
 * **A failing candidate costs only itself.** A crash, an out-of-memory error or a hang
   (no end within the timeout: by default 5x the baseline trial, at least 60 s) is
   recorded with its error and the candidate is not run again; the others go on. A
   failing *baseline* ends the experiment: there is nothing left to compare with.
 * **Fixes that need another fix** (persistent workers need workers) are measured alone
   together with that fix, and their own gain is read against that fix alone.
-* **What to keep.** A fix is kept when it is measurably faster and keeps the loss.
-  The kept set's combined speed-up is the measured candidate with exactly that set,
-  or, when none was run, a confirmation arm run against the baseline once more.
+* **What to keep.** A fix is a candidate for keeping when it is measurably faster and
+  keeps the loss. What is kept is the fastest measured candidate made only of such
+  fixes: the combination of all of them (measured, or a confirmation arm run against
+  the baseline once more), or a single fix when it alone measured faster than the
+  combination (compile + channels_last 1.20x against channels_last alone 1.30x keeps
+  channels_last).
+* **Notes on the result.** A measured gain above its bound says which side the data
+  say is off (``bound_check``); other work on the machine during the trials is
+  measured from the system samples and reported with a warning (``contention``).
 * **Everything in the store.** The trial runs are ordinary runs linked to the baseline
   (``parent_run_id``, their arm in ``config``, the plan in their folder); the
   experiment row holds progress while it runs and the full result at the end, so a
@@ -47,10 +59,14 @@ from typing import Any
 
 import numpy as np
 
+from stepscope.analyzers.step_stats import summarize_steps
 from stepscope.optim_runner import plan as planning
+from stepscope.optim_runner.bound_check import above_bound_note
+from stepscope.optim_runner.contention import contention
 from stepscope.optim_runner.plan import PlannedFix
 from stepscope.optim_runner.quality import check_quality, loss_series
 from stepscope.optim_runner.stats import SpeedupCI, sec_per_sample, speedup_ci, timed_step_times
+from stepscope.optim_runner.took_effect import not_applied
 
 DEFAULT_STEPS = 30
 DEFAULT_TRIALS = 3
@@ -63,6 +79,7 @@ OUTPUT_LOG = "output.log"
 # Recorded variables that are about where the job ran, not how: not replayed.
 NOT_REPLAYED = ("VIRTUAL_ENV", "CONDA_DEFAULT_ENV")
 FASTER = "faster"
+NOT_APPLIED = "not_applied"
 
 Progress = Callable[[dict[str, Any]], None]
 
@@ -86,6 +103,7 @@ class Arm:
     error: str | None = None
     failure: str | None = None  # 'crash' | 'oom' | 'hang'
     failed_run: int | None = None
+    not_applied: list[dict[str, str]] = field(default_factory=list)  # [{"fix", "why"}]
 
     @property
     def fix_ids(self) -> list[str]:
@@ -93,7 +111,8 @@ class Arm:
 
     @property
     def failed(self) -> bool:
-        return self.error is not None
+        """Not run again: it failed, or its fixes did not take effect."""
+        return self.error is not None or bool(self.not_applied)
 
 
 # -- the experiment ----------------------------------------------------------------------
@@ -110,6 +129,7 @@ def run_experiment(
     tolerance: float = 0.05,
     seed: int | None = 0,
     experiment_id: int | None = None,
+    keep_explicit: bool = False,
 ) -> dict[str, Any]:
     """Run an experiment on ``baseline_run_id`` in the foreground; returns its result.
 
@@ -117,7 +137,8 @@ def run_experiment(
     per trial (default: from the baseline's length); ``progress`` is called with a dict
     (done/total trials, current arm and trial) before and after every trial, and the
     same dict is stored as the experiment's progress. ``experiment_id``: an experiment
-    row created beforehand (``start_experiment``). Raises ValueError when there is
+    row created beforehand (``start_experiment``). ``keep_explicit``: keep the values
+    the script set itself instead of replacing them. Raises ValueError when there is
     nothing to try, ExperimentError when the baseline fails, KeyboardInterrupt when
     stopped; the experiment row says so in each case.
     """
@@ -139,6 +160,7 @@ def run_experiment(
         "allow_numerics": allow_numerics,
         "tolerance": tolerance,
         "seed": seed,
+        "keep_explicit": keep_explicit,
         "command": baseline_run["command"],
         "cwd": baseline_run["cwd"],
         "planned": [f.to_json() for f in planned],
@@ -210,7 +232,26 @@ class _Runner:
         per_fix = self._per_fix()
         kept = [f.id for f in self.planned if per_fix[f.id]["kept"]]
         best = self._best(kept)
+        self._annotate(per_fix, best)
         return self._result(per_fix, best)
+
+    def _annotate(self, per_fix: dict[str, dict[str, Any]], best: dict[str, Any]) -> None:
+        """Kept means in the best candidate; notes for what the figures alone hide."""
+        chosen = set(best["fixes"])
+        trials = _figures(self.store, self.baseline.runs).median_step
+        diagnosed = summarize_steps(self.store.steps(self.base["id"]))["step_time_median_s"]
+        for entry in per_fix.values():
+            notes = []
+            if entry["kept"] and entry["id"] not in chosen:
+                entry["kept"] = False
+                notes.append(
+                    f"faster on its own ({entry['measured']:.2f}x) but the best measured "
+                    f"candidate is {best['candidate']} ({best['speedup']:.2f}x)"
+                )
+            bound = above_bound_note(entry, trials, diagnosed)
+            if bound:
+                notes.append(bound)
+            entry["note"] = "; ".join(notes) or None
 
     def _trial(self, arm: Arm, k: int, phase: str) -> None:
         self._report("trial_start", arm, k, phase)
@@ -241,7 +282,11 @@ class _Runner:
             output_path=OUTPUT_LOG,
             timeout_s=self.timeouts.current(arm.fix_ids),
             quiet=True,
-            plan=planning.plan_document(arm.fixes, seed=self.config["seed"]),
+            plan=planning.plan_document(
+                arm.fixes,
+                seed=self.config["seed"],
+                override_explicit=not self.config.get("keep_explicit", False),
+            ),
         )
         arm.runs.append(run_id)
         run = self.store.run(run_id)
@@ -259,7 +304,15 @@ class _Runner:
             arm.error, arm.failure, arm.failed_run = error, failure_kind(error), run_id
             # not run again: the remaining trials of this arm drop out of the total
             self.total -= self.config["trials"] - 1 - k
-        self._report("trial_end", arm, k, phase, run_id, "failed" if error else "ok", error)
+        elif arm.kind != "baseline":
+            arm.not_applied = not_applied(arm.fix_ids, run.get("config"))
+            if arm.not_applied:
+                error = "not applied: " + "; ".join(
+                    f"{x['fix']}: {x['why']}" for x in arm.not_applied
+                )
+                self.total -= self.config["trials"] - 1 - k
+        status = "failed" if arm.error else ("not applied" if arm.not_applied else "ok")
+        self._report("trial_end", arm, k, phase, run_id, status, error)
 
     def _report(
         self,
@@ -317,7 +370,14 @@ class _Runner:
             "quality_ok": None,
             "quality": None,
             "warmup": None,
+            "not_applied": list(arm.not_applied),
         }
+        if arm.not_applied and arm.error is None:
+            out["status"] = NOT_APPLIED
+            out["error"] = "not applied: " + "; ".join(
+                f"{x['fix']}: {x['why']}" for x in arm.not_applied
+            )
+            return out
         if arm.failed:
             return out
         cand, base = _figures(self.store, arm.runs), _figures(self.store, ref.runs)
@@ -373,6 +433,12 @@ class _Runner:
                 measured = _pick(outcome)
             quality_ok = outcome["quality_ok"] if outcome else None
             status = outcome["status"] if outcome else "not measured"
+            why_not = None
+            if status == NOT_APPLIED:
+                status = "not applied"
+                why_not = "; ".join(
+                    x["why"] for x in outcome["not_applied"] if x["fix"] == fix.id
+                ) or "; ".join(f"{x['fix']}: {x['why']}" for x in outcome["not_applied"])
             kept = (
                 status == "completed" and measured["verdict"] == FASTER and quality_ok is not False
             )
@@ -394,6 +460,8 @@ class _Runner:
                 "quality_ok": quality_ok,
                 "changes_numerics": fix.changes_numerics,
                 "kept": kept,
+                "not_applied_why": why_not,
+                "note": None,
             }
         for fix in self.planned:  # a fix is only worth what the fix it needs is worth
             if fix.needs and not out[fix.needs]["kept"]:
@@ -412,7 +480,6 @@ class _Runner:
         if fix.finding != "io/input_pipeline":
             return {"predicted_in_experiment": None, "predicted_in_experiment_basis": None}
         from stepscope.analyzers.recommend import predict
-        from stepscope.analyzers.step_stats import summarize_steps
         from stepscope.optim_runner import catalog
 
         shares = [
@@ -430,14 +497,24 @@ class _Runner:
         }
 
     def _best(self, kept: list[str]) -> dict[str, Any]:
-        """The kept fixes and their measured combined speed-up (confirmed if needed)."""
+        """The fastest measured candidate made only of fixes worth keeping.
+
+        The combination of all kept fixes is measured (its own arm, or a confirmation
+        arm against baseline trials run beside it); a single fix that alone measured
+        faster than the combination wins over it.
+        """
         if not kept:
-            return {"fixes": [], "speedup": None, "ci": None, "verdict": None, "candidate": None}
+            return _no_best()
         wanted = tuple(sorted(kept))
-        for arm in self.arms[1:]:
-            outcome = self.outcomes[arm.name]
-            if tuple(sorted(arm.fix_ids)) == wanted and outcome["status"] == "completed":
-                return _best_from(kept, outcome, confirmed=False)
+        if not any(tuple(sorted(a.fix_ids)) == wanted for a in self.arms[1:]):
+            self._confirm(kept)
+        top = pick_best(list(self.outcomes.values()), set(kept))
+        if top is None:
+            return _no_best()
+        return _best_from(top["fixes"], top, confirmed=top["name"] == "confirm")
+
+    def _confirm(self, kept: list[str]) -> None:
+        """Run the kept combination against the baseline once more (interleaved)."""
         self.confirm = Arm("confirm", "confirm", [f for f in self.planned if f.id in kept])
         self.total += 2 * self.config["trials"]
         for k in range(self.config["trials"]):
@@ -446,24 +523,9 @@ class _Runner:
                     continue
                 self._trial(arm, k, "confirm")
         # against the baseline trials run beside it: the same drift hits both
-        outcome = self._evaluate(self.confirm, self.baseline, against=self.confirm_baseline)
-        self.outcomes["confirm"] = outcome
-        if outcome["status"] == "completed" and outcome["quality_ok"] is not False:
-            return _best_from(kept, outcome, confirmed=True)
-        # the combination failed: fall back to the fastest kept candidate that was measured
-        fallback = [
-            o
-            for a in self.arms[1:]
-            if set(a.fix_ids) <= set(kept)
-            for o in [self.outcomes[a.name]]
-            if o["status"] == "completed"
-            and o["verdict"] == FASTER
-            and o["quality_ok"] is not False
-        ]
-        if not fallback:
-            return {"fixes": [], "speedup": None, "ci": None, "verdict": None, "candidate": None}
-        top = max(fallback, key=lambda o: o["speedup"])
-        return _best_from(top["fixes"], top, confirmed=False)
+        self.outcomes["confirm"] = self._evaluate(
+            self.confirm, self.baseline, against=self.confirm_baseline
+        )
 
     def _result(self, per_fix: dict[str, dict[str, Any]], best: dict[str, Any]) -> dict[str, Any]:
         base = _figures(self.store, self.baseline.runs)
@@ -493,6 +555,10 @@ class _Runner:
             "predicted": {k: v["predicted"] for k, v in per_fix.items()},
             "measured": {k: v["measured"] for k, v in per_fix.items()},
             "best": best,
+            "keep_explicit": bool(self.config.get("keep_explicit")),
+            "contention": contention(
+                [self.store.samples(r) for a in self._all_arms() for r in a.runs]
+            ),
         }
 
     def partial_result(self) -> dict[str, Any]:
@@ -562,8 +628,6 @@ class _Figures:
 
 def _figures(store: Any, runs: list[int]) -> _Figures:
     """Timed step times of an arm's trials pooled; warm-up left out of each trial."""
-    from stepscope.analyzers.step_stats import summarize_steps
-
     times, per_sample, batches, warmups = [], [], [], []
     for run_id in runs:
         steps = store.steps(run_id)
@@ -614,6 +678,24 @@ def _ci_json(
         out["median_s"] = median
         out["baseline_median_s"] = base_median
     return out
+
+
+def pick_best(outcomes: list[dict[str, Any]], kept: set[str]) -> dict[str, Any] | None:
+    """The fastest candidate that completed, measured faster, kept the loss and is made
+    only of ``kept`` fixes; None when there is none."""
+    pool = [
+        o
+        for o in outcomes
+        if set(o["fixes"]) <= kept
+        and o["status"] == "completed"
+        and o["verdict"] == FASTER
+        and o["quality_ok"] is not False
+    ]
+    return max(pool, key=lambda o: o["speedup"]) if pool else None
+
+
+def _no_best() -> dict[str, Any]:
+    return {"fixes": [], "speedup": None, "ci": None, "verdict": None, "candidate": None}
 
 
 def _pick(outcome: dict[str, Any]) -> dict[str, Any]:
@@ -716,6 +798,7 @@ def start_experiment(
     trials: int = DEFAULT_TRIALS,
     timeout_s: float | None = None,
     allow_numerics: bool = False,
+    keep_explicit: bool = False,
 ) -> int:
     """Start an experiment in a background process; returns its id at once.
 
@@ -737,6 +820,7 @@ def start_experiment(
             "trials": trials,
             "timeout_s": timeout_s,
             "allow_numerics": allow_numerics,
+            "keep_explicit": keep_explicit,
         }
         experiment_id = store.create_experiment(baseline_run_id, config)
         store.update_experiment(experiment_id, progress={"event": "starting", "done": 0})
@@ -797,6 +881,7 @@ def _main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=DEFAULT_TRIALS)
     parser.add_argument("--timeout", type=float)
     parser.add_argument("--allow-numerics", action="store_true")
+    parser.add_argument("--keep-explicit", action="store_true")
     args = parser.parse_args(argv)
 
     def stop(signum: int, frame: Any) -> None:
@@ -814,6 +899,7 @@ def _main(argv: list[str] | None = None) -> int:
                 "trials": int(cfg.get("trials") or DEFAULT_TRIALS),
                 "timeout_s": cfg.get("timeout_s"),
                 "allow_numerics": bool(cfg.get("allow_numerics")),
+                "keep_explicit": bool(cfg.get("keep_explicit")),
                 "experiment_id": args.experiment,
             }
         else:
@@ -824,6 +910,7 @@ def _main(argv: list[str] | None = None) -> int:
                 "trials": args.trials,
                 "timeout_s": args.timeout,
                 "allow_numerics": args.allow_numerics,
+                "keep_explicit": args.keep_explicit,
             }
         try:
             result = run_experiment(store, **options)
@@ -866,6 +953,7 @@ __all__ = [
     "cancel_experiment",
     "candidate_arms",
     "failure_kind",
+    "pick_best",
     "rotated",
     "run_experiment",
     "start_experiment",

@@ -2,8 +2,11 @@
 
 The experiment runner hands every trial its fixes in a plan file (``STEPSCOPE_PLAN``).
 This job reads that file itself and, for each ``--effect FIX=MODE``, behaves as the fix
-would if it were in the plan (fix ids whose real application does nothing to this job
-are used: it has no DDP, no GPU and no convolutions):
+would if it were in the plan. The fixes are applied for real as well (the runner measures
+only candidates whose fixes took effect): the model has a 1x1 convolution so that
+channels_last applies, the loader takes workers, SGD takes fused, and TF32 and
+cudnn.benchmark are flags a CPU build sets too; DDP fixes do not apply (no DDP), so they
+are only used for the failures, which end a trial before anything is checked:
 
   raise    RuntimeError at step 3 (a crash)
   oom      torch.OutOfMemoryError at step 3 (the CUDA allocator's error type)
@@ -28,11 +31,15 @@ from torch.utils.data import DataLoader, TensorDataset
 
 
 def planned_fixes() -> set[str]:
+    """The plan's fixes, and the one the runner applies through the environment."""
+    fixes = set()
+    if "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
+        fixes.add("expandable_segments")
     path = os.environ.get("STEPSCOPE_PLAN")
-    if not path:
-        return set()
-    with open(path) as f:
-        return set(json.load(f).get("fixes") or {})
+    if path:
+        with open(path) as f:
+            fixes |= set(json.load(f).get("fixes") or {})
+    return fixes
 
 
 def main() -> None:
@@ -52,7 +59,10 @@ def main() -> None:
         y = y + 3.0 * torch.randn(512, 1)
     gen = torch.Generator().manual_seed(0)
     loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True, generator=gen)
-    model = nn.Linear(8, 1)
+    # a 1x1 convolution over the 8 features, so channels_last has something to act on
+    model = nn.Sequential(
+        nn.Unflatten(1, (8, 1, 1)), nn.Conv2d(8, 8, 1), nn.Flatten(), nn.Linear(8, 1)
+    )
     lr = 0.05 * (1e4 if "diverge" in modes else 1.0)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     wait = a.wait * 0.5 ** modes.count("fast") * (3.0 if "slow" in modes else 1.0)

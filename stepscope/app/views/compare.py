@@ -14,6 +14,7 @@ import streamlit as st
 
 from stepscope.analyzers.breakdown import CATEGORIES
 from stepscope.app import charts, data, ui
+from stepscope.app.applied import applied_changes, state
 from stepscope.app.speed import compare_speed, speed_caption
 from stepscope.optim_runner.stats import timed_step_times
 
@@ -176,6 +177,13 @@ if edits:
     st.markdown("**command**\n" + "\n".join(f"- `{e}`" for e in edits))
 else:
     st.caption("Same command.")
+for label, d in ((label_a, da), (label_b, db)):
+    changes = applied_changes(d.run.get("config"))
+    if changes:
+        st.markdown(
+            f"**fixes applied in {label}**\n"
+            + "\n".join(f"- `{c['fix']}`: {c['change']} ({state(c)})" for c in changes)
+        )
 for column, what in (
     ("config", "stepscope options"),
     ("facts", "the job's settings"),

@@ -75,6 +75,7 @@ st.caption(
     + f" · host {run['host']} · folder `{d.run_dir}`"
 )
 st.code(ui.fmt_command(run["command"]), language="bash")
+sec.applied_section(run)
 if run["status"] in ("failed", "killed"):
     st.error(f"{run['status']}: {ui.failure_line(run)}", icon=":material/error:")
 elif run["status"] in ("lost", "interrupted"):  # stopped by someone, not broken

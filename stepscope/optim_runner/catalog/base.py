@@ -150,7 +150,14 @@ class Fix:
     typical: Typical | None = None
     in_effect: Callable[[JobContext], bool | None] = _never
     removes: float = 1.0  # largest fraction of the finding's share it can remove
-    needs_consent: bool = False  # auto, but only when the user allows numerics to change
+
+    @property
+    def needs_consent(self) -> bool:
+        """Applied only when the user allows numerics to change (``--allow-numerics``, the
+        Optimize page's toggle): every automatic fix that changes what the model computes
+        (bf16, TF32, a larger batch). The quality guard checks the loss after the fact;
+        consent is asked before, because a changed result is the user's call."""
+        return self.auto and self.changes_numerics
 
     def requirement_status(self, ctx: JobContext) -> tuple[list[str], list[str]]:
         """(unmet, unknown) requirement names for this job."""
