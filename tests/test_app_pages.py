@@ -759,7 +759,7 @@ def test_optimize_failed_run_and_failed_experiment(opt_home: Path, optimizable) 
     assert f"Run {run_id} failed after 3 steps ({error})" in at.warning[0].value
     at.button(key="diagnose").click().run()
     no_errors(at)
-    only_fixes(at, run_id, {"cpu_threads"})
+    only_fixes(at, run_id, {"fused_optimizer"})
     at.number_input(key="opt_trials").set_value(1)
     at.button(key="apply").click().run()
     experiment_id = int(at.query_params["experiment"])

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from stepscope.collectors.control import CapturePoller, capture_request_path, request_capture
+from stepscope.collectors.step_timer import AFTER_CAPTURE_STEPS
 from stepscope.store import RunStore
 
 _spec = importlib.util.spec_from_file_location(
@@ -53,7 +54,8 @@ def test_capture_window_yields_trace_with_exactly_k_steps(tmp_path):
     }
     df = jobs.steps(tmp_path, run_id)
     assert len(df) == 8
-    assert df.loc[df["profiled"] == 1, "step"].tolist() == [2, 3, 4]
+    # the window, then the steps the step timer flags after it (AFTER_CAPTURE_STEPS)
+    assert df.loc[df["profiled"] == 1, "step"].tolist() == list(range(2, 5 + AFTER_CAPTURE_STEPS))
     messages = " ".join(jobs.events(tmp_path, run_id)["message"])
     assert "memory events" in messages
 
@@ -100,7 +102,8 @@ def test_on_demand_capture_through_control_file(tmp_path):
     first = meta["first_step"]
     assert names == [f"ProfilerStep#{first}", f"ProfilerStep#{first + 1}"]
     df = jobs.steps(tmp_path, run_id)
-    assert df.loc[df["profiled"] == 1, "step"].tolist() == [first, first + 1]
+    after = AFTER_CAPTURE_STEPS
+    assert df.loc[df["profiled"] == 1, "step"].tolist() == list(range(first, first + 2 + after))
 
 
 def test_request_file_is_written_atomically_and_served_once(tmp_path):
@@ -127,3 +130,94 @@ def test_poll_is_throttled(tmp_path):
     rid = request_capture(tmp_path, 2)
     assert poller.poll(now=105.0) is None  # inside the interval: not even looked at
     assert poller.poll(now=110.5) == {"id": rid, "steps": 2}
+
+
+# Lines torch's profiler writes to stderr on its own during a capture (torch 2.13): Kineto's
+# 'USDT' markers and stage lines, and c10's warning about blocks allocated before memory
+# profiling started (profile_memory=True) and freed inside the window.
+PROFILER_LINES = (
+    "profiler_start",
+    "profiler_stop",
+    "SyncActivityProfilerHandler",
+    "Completed Stage",
+    "Memory block of unknown size",
+    "CPUAllocator.cpp",
+)
+
+TALKING_JOB = """
+import sys, warnings
+import torch
+from torch import nn
+
+torch.set_num_threads(1)
+model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(int(sys.argv[1])):
+    x = torch.randn(8, 16)
+    loss = model(x).pow(2).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    print(f"job line {step}", file=sys.stderr, flush=True)
+warnings.warn("the job's own warning")
+print("done")
+"""
+
+
+def test_capture_keeps_the_profilers_own_lines_out_of_the_jobs_stderr(tmp_path):
+    """`stepscope run` promises the job's output untouched: a capture must not add lines."""
+    import os
+
+    script = tmp_path / "talking_job.py"
+    script.write_text(TALKING_JOB)
+    env = {k: v for k, v in os.environ.items() if k not in ("KINETO_LOG_LEVEL", "STEPSCOPE_HOME")}
+    cli = [sys.executable, "-m", "stepscope.app.cli", "--home", str(tmp_path / "home"), "run"]
+    proc = subprocess.run(
+        [*cli, "--profile-at", "3", "--profile-steps", "3", "--", sys.executable, str(script), "9"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "done\n"
+    job_lines = [ln for ln in proc.stderr.splitlines() if not ln.startswith("stepscope: ")]
+    assert [ln for ln in job_lines if ln.startswith("job line")] == [
+        f"job line {i}" for i in range(9)
+    ]
+    assert any("UserWarning: the job's own warning" in ln for ln in job_lines)
+    leaked = [ln for ln in job_lines if any(p in ln for p in PROFILER_LINES)]
+    assert leaked == []
+    # the capture itself is intact, memory events included
+    with RunStore(tmp_path / "home") as store:
+        run_id = store.resolve_run("last")
+        arts = store.artifacts(run_id)
+    assert list(arts["kind"]) == ["trace"]
+    assert _profiler_steps(arts["path"][0]) == [
+        "ProfilerStep#3",
+        "ProfilerStep#4",
+        "ProfilerStep#5",
+    ]
+    with gzip.open(arts["path"][0], "rt") as f:
+        events = json.load(f)["traceEvents"]
+    assert any(e.get("name") == "[memory]" for e in events)
+
+
+def test_c10_log_level_is_raised_only_around_stepscopes_own_free(monkeypatch):
+    import os
+
+    from stepscope.collectors import profiler_capture as pc
+
+    level = pc._c10_log_level()
+    assert level is not None  # torch 2.13's libc10 exports it
+    before = level.value
+    with pc._quiet_c10_warnings():
+        assert level.value == pc.C10_ERROR
+    assert level.value == before
+    monkeypatch.delenv(pc.KINETO_LOG_LEVEL_ENV, raising=False)
+    with pc._quiet_kineto():
+        assert os.environ[pc.KINETO_LOG_LEVEL_ENV] == pc.KINETO_QUIET_LEVEL
+    assert pc.KINETO_LOG_LEVEL_ENV not in os.environ  # the job's environment as it was
+    monkeypatch.setenv(pc.KINETO_LOG_LEVEL_ENV, "1")  # the user's own choice wins
+    with pc._quiet_kineto():
+        assert os.environ[pc.KINETO_LOG_LEVEL_ENV] == "1"

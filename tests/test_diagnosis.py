@@ -4,6 +4,7 @@ that was never started under stepscope."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -20,6 +21,7 @@ from stepscope.analyzers.evidence import Evidence, system_summary
 from stepscope.analyzers.trace_report import TraceReport, analyze_trace
 from stepscope.optim_runner import catalog
 from stepscope.optim_runner.catalog.base import JobContext
+from stepscope.optim_runner.plan import choose_fixes
 from stepscope.store import RunStore
 
 CPU_JOB = JobContext(cuda=False, training=True, dataloader=True, cpu_count=2)
@@ -445,3 +447,238 @@ def test_syncs_are_attributed_to_the_operator_that_issued_them() -> None:
     assert rows[("cudaDeviceSynchronize", "")][0] == 1  # outside any operator
     cpu = host_device_syncs(load_trace(trace_path("cpu_only_rank34.pt.trace.json.gz")))
     assert cpu.empty and list(cpu.columns) == ["call", "op", "count", "total_ns"]
+
+
+# -- one long pause is not an input pipeline --------------------------------------------
+JOBS = Path(__file__).resolve().parent / "jobs"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def _launch(home: Path, *args: str, env: dict[str, str] | None = None) -> int:
+    from stepscope.collectors.launcher import launch_run
+
+    run_id, _ = launch_run([sys.executable, *args], home=home, quiet=True, extra_env=env)
+    return run_id
+
+
+def _texts(finding: dx.Finding) -> list[str]:
+    return [e["text"] for e in finding.evidence]
+
+
+def test_one_pause_in_the_loader_is_not_an_input_bound_job(tmp_path: Path) -> None:
+    # 40 steps of 10 ms; one sample sleeps 200 ms once: the ratio of sums said 31 %
+    run_id = _launch(tmp_path, str(JOBS / "pause.py"), "--steps", "40")
+    with RunStore(tmp_path) as store:
+        d = diagnose_run(store, run_id)
+    assert d.level == "steps"
+    assert not [f for f in d.findings if f.subtype == "input_pipeline"]
+    first = d.findings[0]
+    assert first.subtype == "device_compute" and first.share > 1 - dx.INPUT_MIN
+    note = next(t for t in _texts(first) if "outlier" in t)
+    assert note.startswith("1 step with a ") and "ms wait left out as an outlier" in note
+    assert "median wait" in note
+
+
+def test_a_loader_that_waits_on_every_step_stays_input_bound(tmp_path: Path) -> None:
+    # the same job with every sample sleeping 5 ms: ~20 ms of wait in a ~30 ms step
+    args = ("--steps", "30", "--pause-ms", "5", "--every")
+    run_id = _launch(tmp_path, str(JOBS / "pause.py"), *args)
+    with RunStore(tmp_path) as store:
+        d = diagnose_run(store, run_id)
+    first = d.findings[0]
+    assert (first.subtype, first.confidence) == ("input_pipeline", round(0.9 * 0.85, 2))
+    assert "highly" in first.title
+    assert not [t for f in d.findings for t in _texts(f) if "outlier" in t]
+
+
+def test_outlier_note_goes_with_the_input_finding() -> None:
+    steps = {
+        "data_wait_share": 0.08,
+        "data_wait_share_raw": 0.46,
+        "data_wait_outliers": {
+            "count": 1,
+            "steps": [7],
+            "max_s": 0.196,
+            "min_s": 0.196,
+            "total_s": 0.196,
+            "median_wait_s": 0.0004,
+        },
+    }
+    f = dx.input_pipeline(evidence(steps=steps))
+    assert f.share == 0.08 and "moderately" in f.title
+    assert "1 step with a 196 ms wait left out as an outlier; median wait 0.4 ms" in _texts(f)
+
+
+# -- a run without steps has nothing to diagnose -----------------------------------------
+NO_STEPS = "no steps recorded: the job ended before its first optimizer step / forward"
+
+
+@pytest.mark.parametrize(
+    ("code", "failed"),
+    [("import torch", False), ("import torch\nraise RuntimeError('no data found')", True)],
+)
+def test_a_run_without_steps_has_nothing_to_diagnose(
+    tmp_path: Path, code: str, failed: bool
+) -> None:
+    run_id = _launch(tmp_path, "-c", code)
+    with RunStore(tmp_path) as store:
+        assert store.steps(run_id).empty
+        d = diagnose_run(store, run_id)
+        assert store.findings(run_id) == []
+    assert d.findings == [] and d.reason.startswith(NO_STEPS)
+    assert d.reason in d.warnings
+    assert ("RuntimeError: no data found" in d.reason) is failed
+
+
+def test_analyze_prints_why_a_run_has_no_diagnosis(tmp_path: Path) -> None:
+    import json
+
+    run_id = _launch(tmp_path, "-c", "import torch")
+    cli = [sys.executable, "-m", "stepscope.app.cli", "--home", str(tmp_path), "analyze"]
+    text = subprocess.run([*cli, str(run_id)], capture_output=True, text=True, timeout=120)
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.startswith(f"run {run_id}: nothing to diagnose: {NO_STEPS}")
+    assert "Compute" not in text.stdout and "no bottleneck" not in text.stdout
+    out = subprocess.run([*cli, str(run_id), "--json"], capture_output=True, text=True, timeout=120)
+    data = json.loads(out.stdout)
+    assert data["findings"] == [] and data["reason"].startswith(NO_STEPS)
+
+
+def test_no_cuda_fix_for_a_job_that_did_not_report_cuda() -> None:
+    unknown = JobContext(
+        cuda=None, training=True, dataloader=True, conv2d=True, facts={"dataloaders": [{}]}
+    )
+    for steps, subtype in (
+        ({"data_wait_share": 0.0}, "device_compute"),
+        ({"data_wait_share": 0.5}, "input_pipeline"),
+    ):
+        ids, skipped = _fix_ids(evidence(unknown, steps=steps), subtype)
+        cuda_only = {
+            "tf32",
+            "cudnn_benchmark",
+            "pin_memory",
+            "non_blocking_copies",
+            "fp16_grad_scaler",
+            "avoid_syncs",
+            "expandable_segments",
+        }
+        assert not ids & cuda_only
+        assert all("cuda" in skipped[i] for i in set(skipped) & cuda_only)
+    # a job that reported CUDA still gets them
+    ids, _ = _fix_ids(evidence(A100_JOB, steps={"data_wait_share": 0.0}), "device_compute")
+    assert {"tf32", "cudnn_benchmark"} <= ids
+
+
+def test_nvml_seeing_the_job_on_a_gpu_counts_as_cuda(tmp_path: Path) -> None:
+    from stepscope.analyzers.evidence import gather
+
+    with RunStore(tmp_path) as store:
+        run_id = store.create_run(["python", "attached.py"], name="attached")
+        store.add_samples(run_id, [(1.0, "gpu0", "job_mem_used_bytes", 2e9)])
+        assert gather(store, run_id).context.cuda is True
+        other = store.create_run(["python", "cpu.py"], name="cpu")
+        store.add_samples(other, [(1.0, "gpu0", "util_percent", 80.0)])  # someone else's
+        assert gather(store, other).context.cuda is None
+
+
+# -- cpu_threads only with evidence ----------------------------------------------------------
+@pytest.fixture(scope="module")
+def dense_runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """dense_compute with torch's default threads (one per core), and with 2 threads on
+    the 1 core it may use: the launcher and the job both pinned to one core, as a CPU
+    set or a scheduler would, while OMP_NUM_THREADS asks for 2."""
+    if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 cores and CPU affinity (Linux)")
+    home = tmp_path_factory.mktemp("threads")
+    args = (str(EXAMPLES / "dense_compute.py"), "--steps", "6", "--depth", "2")
+    default = _launch(home, *args)
+    one_core = min(os.sched_getaffinity(0))
+    env = dict(os.environ, OMP_NUM_THREADS="2", STEPSCOPE_HOME=str(home))
+    cli = [sys.executable, "-m", "stepscope.app.cli", "--home", str(home), "run", "--"]
+    proc = subprocess.run(
+        [*cli, sys.executable, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=lambda: os.sched_setaffinity(0, {one_core}),
+    )
+    assert proc.returncode == 0, proc.stderr
+    with RunStore(home) as store:
+        over = store.resolve_run("last")
+    return {"home": home, "cores": len(os.sched_getaffinity(0)), "default": default, "over": over}
+
+
+def _cpu_threads(home: Path, run_id: int) -> tuple[list[dict], list[str]]:
+    with RunStore(home) as store:
+        d = diagnose_run(store, run_id)
+        threads = store.run(run_id)["device"]["threads"]
+    fixes = [x for f in d.findings for x in f.fixes if x["id"] == "cpu_threads"]
+    why = [s["reason"] for f in d.findings for s in f.skipped if s["id"] == "cpu_threads"]
+    return fixes, why + [str(threads)]
+
+
+def test_threads_equal_to_cores_get_no_thread_advice(dense_runs: dict) -> None:
+    fixes, why = _cpu_threads(dense_runs["home"], dense_runs["default"])
+    cores = dense_runs["cores"]
+    assert why[-1] == str(cores)  # torch's default: one thread per core
+    assert fixes == []
+    assert (
+        why[0]
+        == f"no evidence the thread count is wrong: {cores} intra-op threads on {cores} cores"
+    )
+
+
+def test_oversubscribed_threads_get_one_per_core(dense_runs: dict) -> None:
+    fixes, why = _cpu_threads(dense_runs["home"], dense_runs["over"])
+    assert why[-1] == "2"  # torch honours OMP_NUM_THREADS beyond the job's one core
+    assert fixes and all(f["params"] == {"threads": 1} for f in fixes)
+    assert fixes[0]["evidence"].startswith("2 intra-op threads on 1 core the job may use")
+    with RunStore(dense_runs["home"]) as store:
+        planned = {p.id: p for p in choose_fixes(store, dense_runs["over"])}
+        assert planned["cpu_threads"].params == {"threads": 1}
+        assert "oversubscribed" in planned["cpu_threads"].why_params
+        # and the job that already runs one thread per core is not offered it by default
+        assert "cpu_threads" not in {p.id for p in choose_fixes(store, dense_runs["default"])}
+
+
+def _thread_ids(ctx: JobContext, subtype: str, **kw) -> tuple[dict | None, str | None]:
+    f = next(f for f in diagnose(evidence(ctx, **kw)).findings if f.subtype == subtype)
+    fix = next((x for x in f.fixes if x["id"] == "cpu_threads"), None)
+    reason = next((s["reason"] for s in f.skipped if s["id"] == "cpu_threads"), None)
+    return fix, reason
+
+
+def test_busy_workers_beside_intra_op_threads_get_the_cores_they_leave() -> None:
+    ctx = JobContext(
+        cuda=False,
+        training=True,
+        dataloader=True,
+        cpu_count=4,
+        facts={"dataloaders": [{"num_workers": 2}], "settings": {"threads": 4}},
+    )
+    busy = {
+        "proc.cpu_percent.mean": 390.0,  # the main process and, beside it, ~2 cores of workers
+        "proc.cpu_max_process_percent.mean": 190.0,
+        "proc.children.mean": 2.0,
+    }
+    fix, _ = _thread_ids(ctx, "device_compute", steps={"data_wait_share": 0.0}, system=busy)
+    assert fix["params"] == {"threads": 2}
+    assert "2 CPU-busy DataLoader workers" in fix["evidence"]
+    idle = dict(busy, **{"proc.cpu_percent.mean": 200.0})  # the workers sleep (I/O)
+    fix, reason = _thread_ids(ctx, "device_compute", steps={"data_wait_share": 0.0}, system=idle)
+    assert fix is None and reason.startswith("no evidence")
+
+
+def test_tiny_ops_with_several_threads_get_one_thread() -> None:
+    r = report(
+        breakdown={"CPU Exec": 0.98, "Other": 0.02},
+        device=False,
+        ops={"aten::view": 0.5, "aten::addmm": 0.5},
+    )
+    two = JobContext(cuda=False, training=True, cpu_count=2, facts={"settings": {"threads": 2}})
+    fix, _ = _thread_ids(two, "host_overhead", trace=r)
+    assert fix["params"] == {"threads": 1} and "tiny" in fix["evidence"]
+    one = JobContext(cuda=False, training=True, cpu_count=2, facts={"settings": {"threads": 1}})
+    fix, reason = _thread_ids(one, "host_overhead", trace=r)
+    assert fix is None and "1 intra-op thread" in reason

@@ -64,15 +64,22 @@ def test_workers_more_than_cores_for_io_one_per_core_for_cpu(runs) -> None:
 def test_threads_leave_cores_to_cpu_busy_workers_only(runs) -> None:
     with RunStore(runs["home"]) as store:
         cores = plan.job_cores(store.run(runs["io"]))
+        threads = store.run(runs["io"])["device"]["threads"]
+    assert threads == 1  # tests/jobs/loader.py sets one thread
+    if cores < 2:
+        pytest.skip("needs 2 cores")
     ids = ["dataloader_workers", "cpu_threads"]
-    io, cpu = _planned(runs, "io", fix_ids=ids), _planned(runs, "cpu", fix_ids=ids)
-    for planned in (io, cpu):
-        assert planned["cpu_threads"].finding != "compute/host_overhead"  # not the tiny-op rule
-    workers = cpu["dataloader_workers"].params["num_workers"]
-    assert cpu["cpu_threads"].params == {"threads": max(1, cores - workers)}
-    assert "CPU-busy DataLoader workers" in cpu["cpu_threads"].why_params
-    assert io["cpu_threads"].params == {"threads": max(1, cores // 2)}  # sleeping workers
+    io = _planned(runs, "io", fix_ids=ids)
+    # sleeping workers leave the cores alone: one thread per core, never the job's own 1
+    assert io["cpu_threads"].params == {"threads": cores}
     assert "CPU-busy" not in io["cpu_threads"].why_params
+    # CPU-busy workers take every core: 1 thread is what they leave, and what the job
+    # runs already; an explicit choice with nothing to try is refused, not run
+    with pytest.raises(ValueError, match="nothing to try: the job already runs 1 intra-op"):
+        _planned(runs, "cpu", fix_ids=ids)
+    # and neither run is offered the thread fix by default: no evidence for it
+    for kind in ("io", "cpu"):
+        assert "cpu_threads" not in _planned(runs, kind)
 
 
 def test_explicit_fixes_are_checked_against_the_catalog(runs) -> None:
@@ -106,7 +113,7 @@ def test_plan_file_and_environment() -> None:
     # the allocator reads its setting before the bootstrap runs: the runner's job
     assert doc == {
         "fixes": {"dataloader_workers": {"num_workers": 4}},
-        "override_explicit": False,
+        "override_explicit": True,  # trying a fix replaces what the script set
         "seed": 3,
     }
     assert plan.plan_env(fixes) == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
@@ -122,3 +129,55 @@ def test_worker_and_thread_counts() -> None:
     assert plan.choose_num_workers(6, "unknown") == 6
     assert plan.choose_threads(8, "compute/host_overhead", 0)[0] == 1
     assert plan.choose_threads(8, "compute/device_compute", 3)[0] == 5
+
+
+@pytest.mark.parametrize(
+    ("cores", "finding", "busy", "current", "advised", "expected", "why"),
+    [
+        (2, "compute/device_compute", 0, 4, None, 2, "oversubscribed"),  # one per core
+        (8, "compute/device_compute", 3, 8, None, 5, "minus 3 CPU-busy"),  # what they leave
+        (8, "compute/device_compute", 3, 16, None, 5, "minus 3 CPU-busy"),
+        (4, "compute/host_overhead", 0, 4, 1, 1, "tiny ops"),
+        (4, "compute/device_compute", 0, 4, 2, 2, "from the diagnosis"),  # its evidence
+        (4, "compute/device_compute", 0, 1, None, 4, "one per core"),  # explicit, under-used
+    ],
+)
+def test_threads_follow_the_evidence_never_the_jobs_own_count(
+    cores: int,
+    finding: str,
+    busy: int,
+    current: int,
+    advised: int | None,
+    expected: int,
+    why: str,
+) -> None:
+    threads, reason = plan.choose_threads(
+        cores, finding, busy, current=current, advised=advised, advised_why="from the diagnosis"
+    )
+    assert (threads, why in reason) == (expected, True)
+    assert threads != current
+
+
+@pytest.mark.parametrize(
+    ("cores", "finding", "busy", "current"),
+    [
+        (2, "compute/device_compute", 0, 2),  # threads == cores, nothing points elsewhere
+        (2, "compute/device_compute", 2, 1),  # busy workers leave 1, the job runs 1
+        (4, "compute/host_overhead", 0, 1),  # tiny ops, already 1 thread
+    ],
+)
+def test_nothing_to_try_is_refused(cores: int, finding: str, busy: int, current: int) -> None:
+    with pytest.raises(ValueError, match="nothing to try"):
+        plan.choose_threads(cores, finding, busy, current=current)
+
+
+def test_every_fix_that_changes_numerics_needs_consent(runs) -> None:
+    """bf16 autocast ran in every default experiment although the catalog marked it
+    "numerics: changes" and --help said such fixes need --allow-numerics."""
+    from stepscope.optim_runner import catalog
+
+    for fix in catalog.FIXES.values():
+        assert fix.needs_consent == (fix.auto and fix.changes_numerics), fix.id
+    assert catalog.get("bf16_autocast").needs_consent and catalog.get("tf32").needs_consent
+    with RunStore(runs["home"]) as store, pytest.raises(ValueError, match="--allow-numerics"):
+        plan.choose_fixes(store, runs["io"], ["bf16_autocast"])

@@ -24,6 +24,7 @@ from typing import Any
 from stepscope.analyzers.evidence import Evidence, from_trace, gather
 from stepscope.analyzers.kernels import cpu_op_classes
 from stepscope.analyzers.stacks import LABELS
+from stepscope.analyzers.step_stats import describe_wait_outliers
 from stepscope.analyzers.trace_report import TraceReport
 
 # -- thresholds ----------------------------------------------------------------------
@@ -109,6 +110,8 @@ class Diagnosis:
     level: str
     findings: list[Finding]
     warnings: list[str] = field(default_factory=list)
+    # Why there is nothing to diagnose (a run whose job recorded no step); also in warnings.
+    reason: str | None = None
 
     def to_json(self) -> list[dict[str, Any]]:
         return [dict(f.to_json(), level=self.level) for f in self.findings]
@@ -175,6 +178,25 @@ def _data_wait(ev: Evidence) -> tuple[float | None, str]:
     return None, ""
 
 
+def _outlier_note(ev: Evidence, source: str) -> list[dict[str, Any]]:
+    """The waits the step timer's share left out as outliers, as evidence (or nothing).
+
+    Said wherever that share decides a finding, so that a job whose one long pause was
+    left out can see it was, and how long the other steps waited.
+    """
+    if source != "step timer" or not ev.steps:
+        return []
+    note = describe_wait_outliers(ev.steps)
+    if note is None:
+        return []
+    raw = ev.steps.get("data_wait_share_raw")
+    return [_ev(note, ev.steps["data_wait_outliers"]["max_s"], "step timer")] + (
+        [_ev(f"with them the wait would be {_pct(raw)} of step time", raw, "step timer")]
+        if raw is not None
+        else []
+    )
+
+
 def _stack_phases(ev: Evidence, phases: tuple[str, ...]) -> str:
     shares = ev.stacks["shares"]
     return ", ".join(f"{LABELS[p]} {_pct(shares[p])}" for p in phases)
@@ -190,7 +212,7 @@ def input_pipeline(ev: Evidence) -> Finding | None:
         if source == "stack samples"
         else f"DataLoader wait {_pct(share)} of step time"
     )
-    evidence = [_ev(text, share, source)]
+    evidence = [_ev(text, share, source), *_outlier_note(ev, source)]
     if ev.trace is not None and source != "trace breakdown":
         dl = float(ev.trace.breakdown.get("DataLoader", 0.0))
         evidence.append(_ev(f"DataLoader {_pct(dl)} of the profiled steps", dl, "trace breakdown"))
@@ -231,6 +253,7 @@ def storage(ev: Evidence) -> Finding | None:
         evidence.append(_ev(f"disk reads {read / 2**20:.1f} MiB/s", read, "psutil"))
     if share is not None:
         evidence.append(_ev(f"data wait {_pct(share)} of step time", share, source))
+        evidence.extend(_outlier_note(ev, source))
     return Finding(
         "io",
         "storage",
@@ -395,6 +418,7 @@ def device_compute(ev: Evidence) -> Finding | None:
         evidence.append(
             _ev(f"not waiting for data {_pct(share)} of step time", share, "step timer")
         )
+        evidence.extend(_outlier_note(ev, "step timer"))
         confidence = 0.45
     elif ev.stacks is not None:
         share = sum(ev.stacks["shares"][p] for p in MODEL_PHASES)
@@ -683,6 +707,8 @@ def diagnose(ev: Evidence) -> Diagnosis:
     """All findings of the evidence, with their fixes, most costly first."""
     from stepscope.analyzers.recommend import recommend
 
+    if ev.no_steps:
+        return _nothing_to_diagnose(ev)
     findings, warnings = [], []
     for rule in RULES:
         try:
@@ -697,6 +723,25 @@ def diagnose(ev: Evidence) -> Diagnosis:
     for finding in findings:
         recommend(finding, ev)
     return Diagnosis(ev.level, findings, warnings)
+
+
+def _nothing_to_diagnose(ev: Evidence) -> Diagnosis:
+    """A run whose job recorded no step: no step time, so no share of it to find.
+
+    Without steps the samples are the interpreter starting, imports and set-up, not the
+    job's loop: a "compute 100 %" read from them, with fixes, would be invented. The one
+    finding kept is an out-of-memory error the job died of (its own error message says
+    so, whatever the steps), with its fixes.
+    """
+    from stepscope.analyzers.recommend import recommend
+
+    reason = str(ev.no_steps)
+    findings = []
+    oom = memory_capacity(ev)
+    if oom is not None and oom.extra_cost:  # the job's own error: no level to discount
+        recommend(oom, ev)
+        findings.append(oom)
+    return Diagnosis(ev.level, findings, [reason], reason=reason)
 
 
 def diagnose_report(report: TraceReport) -> Diagnosis:

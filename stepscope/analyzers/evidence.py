@@ -32,6 +32,9 @@ class Evidence:
     system: dict[str, float] = field(default_factory=dict)  # 'scope.metric.stat' -> value
     trace: TraceReport | None = None
     run: dict[str, Any] | None = None  # the run's row (status, error)
+    # Set when the step timer was in the job but recorded no step: there is nothing to
+    # diagnose, and this says why (the diagnosis then has no findings).
+    no_steps: str | None = None
 
 
 def system_summary(samples: pd.DataFrame) -> dict[str, float]:
@@ -145,7 +148,18 @@ def gather(store: Any, run_id: int, report: TraceReport | None = None) -> Eviden
     system = system_summary(store.samples(run_id))
     if context.cpu_count is None and "system.cpu_count.max" in system:
         context.cpu_count = int(system["system.cpu_count.max"])
-    summary = summarize_steps(steps) if len(steps) else None
+    if context.cuda is None and system.get("gpu.job_mem_used_bytes.max", 0.0) > 0:
+        context.cuda = True  # NVML saw the job's own processes hold GPU memory
+    workers = max((int(ld.get("num_workers") or 0) for ld in context.loaders), default=0)
+    summary = summarize_steps(steps, workers=workers or None) if len(steps) else None
+    if summary is None and report is None and step_timer_ran(run):
+        return Evidence(
+            level="none",
+            context=context,
+            system=system,
+            run=run,
+            no_steps=no_steps_reason(run, store.events(run_id)),
+        )
     stacks = stack_summary(store.stack_samples(run_id))
     if stacks is not None and stacks["ddp"] and context.ddp is None:
         context.ddp = True  # seen on the stacks of an attached job
@@ -168,6 +182,37 @@ def gather(store: Any, run_id: int, report: TraceReport | None = None) -> Eviden
         trace=report,
         run=run,
     )
+
+
+def step_timer_ran(run: dict[str, Any]) -> bool:
+    """Was the job started by ``stepscope run`` (or an experiment's trial), so that the
+    step timer was inside it? Only then does "no steps" mean the job made none: an
+    attached process or a run created by hand has no step timer, and its samples and
+    stacks are all the evidence there ever was."""
+    config = run.get("config") or {}
+    return config.get("mode") != "attach" and "profile_at" in config
+
+
+NO_STEPS = "no steps recorded: the job ended before its first optimizer step / forward"
+NOT_YET = "no steps recorded yet: the job has not reached its first optimizer step / forward"
+
+
+def no_steps_reason(run: dict[str, Any], events: pd.DataFrame | None = None) -> str:
+    """One line: why a run of ``stepscope run`` has no steps to diagnose.
+
+    The job may still be starting, may have ended (or failed) before its first step, or
+    stepscope's own step timer may have been disabled in it (its events say so).
+    """
+    if events is not None and len(events):
+        disabled = events[events["message"].astype(str).str.startswith("step timer disabled")]
+        if len(disabled):
+            return f"no steps recorded: stepscope's {disabled['message'].iloc[0]}"
+    if run.get("status") == "running":
+        return NOT_YET
+    if run.get("error"):
+        return f"{NO_STEPS} (it failed: {run['error']})"
+    code = run.get("exit_code")
+    return f"{NO_STEPS} (exit code {code})" if code not in (None, 0) else NO_STEPS
 
 
 def from_trace(report: TraceReport) -> Evidence:

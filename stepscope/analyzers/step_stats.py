@@ -21,6 +21,20 @@ Decisions, and why:
   "iterations per second" means to the user), ``samples_per_s`` is global: every
   rank's samples together, the job's real throughput.
 * ``steps`` counts rows over all ranks, as the store does; ``steps_per_rank`` splits it.
+* **Outlier waits.** The data-wait share is a ratio of sums, so one long pause inside
+  ``DataLoader.__next__`` (a garbage-collection pause, a cold cache, a lazy file open)
+  can make a job whose median wait is 0.4 ms look "highly input-bound" (a real
+  Lightning job: one 196 ms pause became a 46.5 % share, and the workers fix measured
+  0.82x). Such steps are left out of the share (``data_wait_share``; the plain ratio of
+  sums stays as ``data_wait_share_raw``) when all of these hold: the wait is beyond
+  Tukey's far-out fence (Q3 + 3 IQR of the timed steps' waits), longer than a median
+  step (shorter pauses cannot move the share), the steps are few (at most 5 % of the
+  timed steps, or one in a run of 10 or more; and fewer than one per round of the
+  loader's workers, since a job whose
+  workers deliver their batches together waits on one step in ``workers``), and they
+  are not evenly spaced (that is a pattern, not an accident). A job that waits on
+  every step, or on many, keeps its share. The step-time figures keep those steps: the
+  job did spend that time.
 """
 
 from __future__ import annotations
@@ -33,6 +47,20 @@ import pandas as pd
 
 WARMUP_FRACTION = 0.10
 WARMUP_MAX = 5
+# Outlier waits (see the module docstring). Tukey's "far out" fence (Exploratory Data
+# Analysis, 1977): beyond Q3 + 3 IQR is far outside the bulk of the distribution.
+OUTLIER_IQR_K = 3.0
+# At most this fraction of the timed steps can be outliers: a rare event, not a habit.
+OUTLIER_MAX_FRACTION = 0.05
+# ... but one step may always be, in a run of at least this many timed steps (a short
+# run's one pause is as much an accident as a long run's): below it, none may.
+OUTLIER_ONE_FROM_STEPS = 10
+# A wait shorter than this many median steps cannot distort the share: not an outlier.
+OUTLIER_MIN_STEPS = 1.0
+# Outlier steps whose gaps are this regular (largest gap / smallest gap, 3 or more
+# steps) recur on a schedule, as the waits of a loader's workers do: kept.
+PERIODIC_GAP_RATIO = 1.5
+PERIODIC_MIN_COUNT = 3
 
 
 def default_warmup(n_steps: int) -> int:
@@ -42,8 +70,14 @@ def default_warmup(n_steps: int) -> int:
     return min(WARMUP_MAX, max(1, math.ceil(n_steps * WARMUP_FRACTION)))
 
 
-def summarize_steps(steps: pd.DataFrame, warmup: int | None = None) -> dict[str, Any]:
-    """Summary figures of a steps DataFrame (the store's ``steps()``); None where unknown."""
+def summarize_steps(
+    steps: pd.DataFrame, warmup: int | None = None, workers: int | None = None
+) -> dict[str, Any]:
+    """Summary figures of a steps DataFrame (the store's ``steps()``); None where unknown.
+
+    ``workers``: the job's DataLoader workers when known (the job's facts); a loader with
+    many workers waits once per round of them, which must not pass for an outlier.
+    """
     out: dict[str, Any] = {
         "steps": int(len(steps)),
         "ranks": [],
@@ -61,6 +95,8 @@ def summarize_steps(steps: pd.DataFrame, warmup: int | None = None) -> dict[str,
         "steps_per_s": None,
         "samples_per_s": None,
         "data_wait_share": None,
+        "data_wait_share_raw": None,
+        "data_wait_outliers": None,
         "data_wait_median_s": None,
         "loss_first": None,
         "loss_last": None,
@@ -105,8 +141,22 @@ def summarize_steps(steps: pd.DataFrame, warmup: int | None = None) -> dict[str,
         if total > 0:
             out["steps_per_s"] = len(t) / total
             wait = timed["data_wait_s"].fillna(0.0).to_numpy(dtype=float)
-            out["data_wait_share"] = float(min(1.0, wait.sum() / total))
+            out["data_wait_share_raw"] = float(min(1.0, wait.sum() / total))
             out["data_wait_median_s"] = float(np.median(wait))
+            outlier = _wait_outliers(timed, wait, t, workers)
+            kept_total = float(t[~outlier].sum())
+            if outlier.any() and kept_total > 0:
+                out["data_wait_share"] = float(min(1.0, wait[~outlier].sum() / kept_total))
+                out["data_wait_outliers"] = {
+                    "count": int(outlier.sum()),
+                    "steps": [int(x) for x in timed["step"].to_numpy()[outlier]],
+                    "max_s": float(wait[outlier].max()),
+                    "min_s": float(wait[outlier].min()),
+                    "total_s": float(wait[outlier].sum()),
+                    "median_wait_s": float(np.median(wait[~outlier])),
+                }
+            else:
+                out["data_wait_share"] = out["data_wait_share_raw"]
         if "device_s" in timed and timed["device_s"].notna().all():
             out["device_step_time_median_s"] = float(timed["device_s"].median())
         out["samples_per_s"] = _samples_per_s(timed)
@@ -118,6 +168,62 @@ def summarize_steps(steps: pd.DataFrame, warmup: int | None = None) -> dict[str,
             out["loss_first"] = float(losses.iloc[0])
             out["loss_last"] = float(losses.iloc[-1])
     return out
+
+
+def _wait_outliers(
+    timed: pd.DataFrame, wait: np.ndarray, step_time: np.ndarray, workers: int | None
+) -> np.ndarray:
+    """Boolean mask of the timed steps whose data wait is a rare outlier (module docstring)."""
+    none = np.zeros(len(wait), dtype=bool)
+    if len(wait) < 4:  # no quartiles worth the name
+        return none
+    q1, q3 = np.percentile(wait, [25, 75])
+    fence = q3 + OUTLIER_IQR_K * (q3 - q1)
+    mask = (wait > fence) & (wait > OUTLIER_MIN_STEPS * float(np.median(step_time)))
+    count = int(mask.sum())
+    if count == 0:
+        return none
+    limit = OUTLIER_MAX_FRACTION * len(wait)
+    if len(wait) >= OUTLIER_ONE_FROM_STEPS:
+        limit = max(1.0, limit)
+    if workers:
+        # the loop of a loader with W workers may wait once per round: 1 step in W
+        limit = min(limit, len(wait) / (2 * workers))
+    if count > limit or _evenly_spaced(timed, mask):
+        return none
+    return mask
+
+
+def _evenly_spaced(timed: pd.DataFrame, mask: np.ndarray) -> bool:
+    """Do the flagged steps recur on a schedule (per rank, gaps within PERIODIC_GAP_RATIO)?"""
+    gaps: list[float] = []
+    flagged = timed[mask]
+    for _, rows in flagged.groupby("rank"):
+        gaps.extend(np.diff(np.sort(rows["step"].to_numpy(dtype=float))).tolist())
+    if len(gaps) < PERIODIC_MIN_COUNT - 1 or min(gaps) <= 0:
+        return False
+    return max(gaps) / min(gaps) <= PERIODIC_GAP_RATIO
+
+
+def describe_wait_outliers(summary: dict[str, Any]) -> str | None:
+    """One line for the evidence: which waits were left out of the share, and the median.
+
+    ``'1 step with a 196 ms wait left out as an outlier; median wait 0.4 ms'``; None
+    when no step was left out.
+    """
+    out = summary.get("data_wait_outliers")
+    if not out:
+        return None
+    median = f"median wait {_ms(out['median_wait_s'])}"
+    if out["count"] == 1:
+        return f"1 step with a {_ms(out['max_s'])} wait left out as an outlier; {median}"
+    lo, hi = _ms(out["min_s"]).split()[0], _ms(out["max_s"])
+    return f"{out['count']} steps with waits of {lo}-{hi} left out as outliers; {median}"
+
+
+def _ms(seconds: float) -> str:
+    ms = 1000 * seconds
+    return f"{ms:.0f} ms" if ms >= 10 else f"{ms:.1f} ms"
 
 
 def _samples_per_s(timed: pd.DataFrame) -> float | None:

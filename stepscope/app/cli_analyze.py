@@ -81,12 +81,16 @@ def cmd_analyze(
             data["run_id"] = runs[0]
         data["diagnosis_level"] = diagnosis.level
         data["findings"] = diagnosis.to_json()
+        data["reason"] = diagnosis.reason  # why there is nothing to diagnose, if so
         data["warnings"] = data.get("warnings", []) + diagnosis.warnings
         sys.stdout.buffer.write(orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
         sys.stdout.flush()
         return 0
     if report is not None:
         _print_report(report, top)
+    elif diagnosis.reason:
+        print(f"run {runs[0]}: nothing to diagnose: {diagnosis.reason}")
+        return 0
     else:
         print(
             f"run {runs[0]} has no trace: diagnosis from its steps and samples only "

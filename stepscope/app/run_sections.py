@@ -284,6 +284,10 @@ def diagnose_button(home: str, run_id: int) -> None:
         )
         return
     done = st.session_state.get(f"diagnosed_{run_id}")
+    reason = st.session_state.get(f"diagnosed_reason_{run_id}")
+    if reason:
+        st.info(f"Nothing to diagnose: {reason}", icon=":material/info:")
+        return
     if done is not None:
         st.success(
             "Diagnosed: no bottleneck worth reporting was found in this run.",
@@ -300,6 +304,7 @@ def diagnose_button(home: str, run_id: int) -> None:
             log.exception("diagnosis of run %s failed", run_id)
             ui.fail(f"diagnosis failed ({type(exc).__name__}: {data.one_line(exc)})")
         st.session_state[f"diagnosed_{run_id}"] = len(getattr(result, "findings", []) or [])
+        st.session_state[f"diagnosed_reason_{run_id}"] = getattr(result, "reason", None)
         st.rerun()
 
 

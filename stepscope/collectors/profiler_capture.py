@@ -6,6 +6,25 @@ history must be started and stopped where the work happens. A window is opened b
 ``STEPSCOPE_PROFILE_AT``/``STEPSCOPE_PROFILE_STEPS`` or by a request file
 (``stepscope capture``). The trace is written with the file naming of
 ``tensorboard_trace_handler`` so TensorBoard, HTA and Perfetto open it unchanged.
+
+The job's stderr stays the job's. torch's profiler writes lines of its own there
+during a capture (torch 2.13): Kineto's ``USDT: ... profiler_start`` / ``profiler_stop``
+markers on every capture, and c10's "Memory block of unknown size was allocated before
+the profiling started" when a block allocated before the window is freed inside it
+(``profile_memory=True``; printed on the first such free and every 1000th after). Both
+are kept out without touching what the job writes:
+
+* Kineto reads its log level once, from ``KINETO_LOG_LEVEL``, when the process's first
+  profiler starts; torch's default (ERROR, 4) still prints the USDT markers (5). The
+  variable is set to a level above all of Kineto's for that moment only, unless the
+  user set it. (A job that used the profiler itself before has fixed Kineto's level
+  already: its markers were there before stepscope's capture anyway.)
+* c10's warning is printed on the first unknown free of the process: stepscope makes
+  that free itself, in its own code between steps (a tensor allocated just before the
+  profiler starts, freed just after), with c10's log level raised to ERROR for those
+  microseconds only. The job's own c10 warnings, inside the window or not, still print.
+  A job that frees more than 1000 such blocks in its windows (counted over the
+  process) still sees the line once per 1000.
 """
 
 from __future__ import annotations
@@ -14,12 +33,20 @@ import contextlib
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from stepscope.collectors.control import CapturePoller
 
 MEMORY_HISTORY_ENTRIES = 100_000
+# Kineto's levels (libkineto ILoggerObserver.h, torch 2.13): VERBOSE 0, INFO 1, WARNING 2,
+# STAGE 3, ERROR 4, USDT 5. A message prints when its level is >= the set one.
+KINETO_LOG_LEVEL_ENV = "KINETO_LOG_LEVEL"
+KINETO_QUIET_LEVEL = "6"
+# c10's logging (c10/util/Logging.cpp): FLAGS_caffe2_log_level, a message prints when its
+# severity is >= it; WARNING is 1 (the default), ERROR 2.
+C10_LOG_LEVEL_SYMBOL = "FLAGS_caffe2_log_level"
+C10_ERROR = 2
 
 
 class CaptureController:
@@ -156,7 +183,12 @@ class CaptureController:
             )
         self._prof = prof
         self.active = True
-        prof.__enter__()
+        # freed once the profiler records memory: c10's one-per-1000 warning is ours
+        sentinel = torch.empty(1)
+        with _quiet_kineto():
+            prof.__enter__()
+        with _quiet_c10_warnings():
+            del sentinel
 
     def _finish(self, steps_done: int) -> None:
         prof, self._prof = self._prof, None
@@ -212,3 +244,62 @@ class CaptureController:
                 pass
         with contextlib.suppress(Exception):
             self._writer().log("warning", "capture", f"profiler capture disabled: {exc!r}")
+
+
+@contextlib.contextmanager
+def _quiet_kineto() -> Iterator[None]:
+    """Kineto's log level above all its levels while the profiler starts (module
+    docstring): the variable is read then, once per process; the user's own value wins,
+    and the job's environment is as it was afterwards."""
+    if KINETO_LOG_LEVEL_ENV in os.environ:
+        yield
+        return
+    os.environ[KINETO_LOG_LEVEL_ENV] = KINETO_QUIET_LEVEL
+    try:
+        yield
+    finally:
+        os.environ.pop(KINETO_LOG_LEVEL_ENV, None)
+
+
+@contextlib.contextmanager
+def _quiet_c10_warnings() -> Iterator[None]:
+    """c10's log level at ERROR around stepscope's own code only (module docstring).
+
+    Where torch's c10 library does not export its level (another build), nothing is
+    changed: the warning then prints, as it did without stepscope's capture.
+    """
+    level = _c10_log_level()
+    if level is None or level.value >= C10_ERROR:
+        yield
+        return
+    before = level.value
+    level.value = C10_ERROR
+    try:
+        yield
+    finally:
+        level.value = before
+
+
+_C10_LEVEL: list[Any] = []  # the ctypes view of c10's level, looked up once (or None)
+
+
+def _c10_log_level() -> Any:
+    """c10's ``FLAGS_caffe2_log_level`` as a ctypes int, from torch's own libc10; None
+    when this torch has no such library or symbol."""
+    if not _C10_LEVEL:
+        value = None
+        with contextlib.suppress(Exception):
+            import ctypes
+
+            import torch
+
+            lib_dir = os.path.join(os.path.dirname(torch.__file__), "lib")
+            for name in sorted(os.listdir(lib_dir)):
+                if name.startswith(("libc10.", "c10.")) and name.endswith(
+                    (".so", ".dylib", ".dll")
+                ):
+                    lib = ctypes.CDLL(os.path.join(lib_dir, name))
+                    value = ctypes.c_int.in_dll(lib, C10_LOG_LEVEL_SYMBOL)
+                    break
+        _C10_LEVEL.append(value)
+    return _C10_LEVEL[0]

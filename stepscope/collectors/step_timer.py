@@ -492,6 +492,7 @@ class StepTimer:
             except Exception as exc:
                 self._disable("device info", exc)
             self._write_facts()
+        self._check_look_ahead(row)
         losses = row["_losses"]
         if "cuda" not in self._disabled and self._cuda_in_use():
             try:
@@ -503,7 +504,6 @@ class StepTimer:
                 return
             except Exception as exc:
                 self._disable("cuda", exc)
-        self._check_look_ahead(row)
         if losses:
             row["loss"] = _sum([t.item() for t in losses if t.is_cpu])
         self._writer().add_step(_public(row))
@@ -519,9 +519,10 @@ class StepTimer:
         if first is None or row["step"] != 1 or not first["_batches"] or not row["_batches"]:
             return
         if first["_batches"] == row["_batches"] + 1 and first["batch_size"]:
+            # the row may be written already (or, on CUDA, wait for its event): write
+            # the corrected one now, which replaces it; a later CUDA write carries it too
             first["batch_size"] -= first["_last_batch"]
-            if "_ev" not in first or first.get("_written"):
-                self._writer().add_step(_public(first))  # replaces the row written
+            self._writer().add_step(_public(first))
 
     def _after_emit(self, end: float) -> None:
         """Right after a step ended: the next step's start, captures, the limit."""
@@ -729,7 +730,6 @@ class StepTimer:
                 if row["_losses"]:
                     row["loss"] = _sum(self._read_losses(row["_losses"]))
             writer.add_step(_public(row))
-            row["_written"] = True
 
     def _read_losses(self, losses: list[Any]) -> list[float]:
         """Read completed loss tensors on a side stream, so the copy does not queue

@@ -9,10 +9,10 @@ choice pays; nothing here claims a gain.
 Decisions, and why:
 
 * **Which fixes.** The ``auto`` fixes the run's findings recommend (the saved findings,
-  or a fresh diagnosis when the run was never diagnosed). A fix that needs consent
-  (``larger_batch``: it changes what an optimizer step sees) is left out unless the
-  user allows numerics to change. Fixes that change numerics without needing consent
-  (bf16 autocast, TF32) are tried: the experiment's quality guard checks the loss.
+  or a fresh diagnosis when the run was never diagnosed). A fix that changes what the
+  model computes (bf16 autocast, TF32, a larger batch: ``Fix.needs_consent``) is left
+  out unless the user allows numerics to change: a faster but different result is the
+  user's call, asked before, not found out from the quality guard afterwards.
 * **DataLoader workers.** A loader whose ``__getitem__`` waits on storage or the network
   leaves the CPU idle while it waits, so more workers than cores overlap the waits:
   2x the cores, capped at 8 (beyond that, start-up time and memory grow faster than
@@ -22,7 +22,9 @@ Decisions, and why:
 * **Prefetch** 4 batches per worker: twice torch's default, enough to absorb latency
   spikes without holding many batches in memory.
 * **CPU threads.** Tiny ops (host overhead) pay for waking intra-op threads: 1 thread.
-  Otherwise the loader's CPU-busy workers get their cores and the model the rest.
+  Otherwise the loader's CPU-busy workers get their cores and the model the rest, and
+  a job with more threads than cores gets one per core. Never the count the job runs
+  already (see ``choose_threads``).
 * **Seed.** Every arm of an experiment gets the same seed, so that losses can be
   compared step by step by the quality guard.
 """
@@ -226,7 +228,18 @@ def choose_params(fix_id: str, ctx: _Context, finding: str | None) -> tuple[dict
         busy = 0
         if "dataloader_workers" in ctx.ids and ctx.wait.kind != "io":
             busy = ctx.planned_workers()
-        threads, why = choose_threads(ctx.cores, finding, busy)
+        # what the job runs: its last own reading, else the one at its first step
+        current = ctx.settings.get("threads") or (ctx.run.get("device") or {}).get("threads")
+        # the count the diagnosis's evidence pointed to (analyzers/recommend.thread_advice)
+        rec = next((r for r in recommended(ctx.store, ctx.run_id) if r["id"] == fix_id), {})
+        threads, why = choose_threads(
+            ctx.cores,
+            finding,
+            busy,
+            current=int(current) if current else None,
+            advised=(rec.get("params") or {}).get("threads"),
+            advised_why=rec.get("evidence"),
+        )
         return {"threads": threads}, why
     if fix_id == "ddp_bucket_cap":
         return {"bucket_cap_mb": DDP_BUCKET_CAP_MB}, "twice DDP's 25 MB: half the all-reduces"
@@ -245,15 +258,56 @@ def choose_num_workers(cores: int, wait_kind: str) -> int:
     return min(MAX_WORKERS, cores)
 
 
-def choose_threads(cores: int, finding: str | None, busy_workers: int) -> tuple[int, str]:
-    """Intra-op threads: 1 for tiny ops, else the cores the loader's workers leave free."""
+def choose_threads(
+    cores: int,
+    finding: str | None,
+    busy_workers: int,
+    current: int | None = None,
+    advised: int | None = None,
+    advised_why: str | None = None,
+) -> tuple[int, str]:
+    """Intra-op threads to try: the count the evidence points to, never the job's own.
+
+    ``current``: the threads the job runs; ``advised``: the count the diagnosis's
+    evidence gave (``analyzers.recommend.thread_advice``). In order: tiny ops (host
+    overhead) -> 1; CPU-busy DataLoader workers beside the threads, together more than
+    the cores -> the cores they leave; more threads than cores -> one per core; the
+    diagnosis's advice; a job using fewer threads than cores (an explicit choice: the
+    diagnosis does not offer it) -> one per core. Trying 1 thread or half the cores
+    without such evidence only ever measured slower (0.62-0.87x), so when nothing points
+    at a count other than the job's own this is a ValueError: an explicit choice with
+    nothing to try (the diagnosis offers cpu_threads only with evidence).
+    """
+    cores = max(1, cores)
     if finding == "compute/host_overhead":
+        if current == 1:
+            raise ValueError(
+                "cpu_threads: nothing to try: tiny ops want 1 intra-op thread, and the job "
+                "already runs 1"
+            )
         return 1, "tiny ops: waking intra-op threads costs more than they give"
-    if busy_workers:
-        threads = max(1, cores - busy_workers)
-        return threads, f"{cores} cores minus {busy_workers} CPU-busy DataLoader workers"
-    threads = max(1, cores // 2)
-    return threads, f"half of {cores} cores: tests whether the threads contend (measured)"
+    free = max(1, cores - busy_workers)
+    if busy_workers and (current is None or current + busy_workers > cores):
+        if free == current:
+            raise ValueError(
+                f"cpu_threads: nothing to try: the job already runs {current} intra-op "
+                f"threads, what {busy_workers} CPU-busy DataLoader workers leave of {cores} cores"
+            )
+        return free, f"{cores} cores minus {busy_workers} CPU-busy DataLoader workers"
+    if current is not None and current > cores:
+        return (
+            cores,
+            f"the job runs {current} threads on {cores} cores (oversubscribed): one per core",
+        )
+    if advised is not None and advised != current:
+        return int(advised), advised_why or "the diagnosis's evidence"
+    if current is None or current < cores:
+        known = "its thread count was not recorded" if current is None else f"it runs {current}"
+        return cores, f"one per core ({cores}): {known} (measured, not predicted)"
+    raise ValueError(
+        f"cpu_threads: nothing to try: the job already runs {current} intra-op threads on "
+        f"{cores} cores, and no evidence points at another count"
+    )
 
 
 def _workers_why(workers: int, cores: int, wait: LoaderWait) -> str:
@@ -347,11 +401,13 @@ def _cpu_fit(steps: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, float] 
 
 # -- what the job gets -------------------------------------------------------------------
 def plan_document(
-    fixes: list[PlannedFix], seed: int | None = 0, override_explicit: bool = False
+    fixes: list[PlannedFix], seed: int | None = 0, override_explicit: bool = True
 ) -> dict[str, Any]:
     """The plan file for one arm (shape: ``collectors/contract.py``).
 
-    Fixes applied through the environment are left out: the bootstrap cannot apply them.
+    ``override_explicit``: a fix replaces a value the script set itself (the user asked
+    to try the fix); False keeps the script's values (``--keep-explicit``). Fixes
+    applied through the environment are left out: the bootstrap cannot apply them.
     """
     return {
         "fixes": {f.id: dict(f.params) for f in fixes if f.id not in ENV_FIXES},
