@@ -24,9 +24,13 @@ PLAN = {
 }
 
 
-def _applied(home: Path, script: str, *args: str) -> tuple[dict, dict]:
+def _applied(
+    home: Path, script: str, *args: str, max_steps: int | None = None
+) -> tuple[dict, dict]:
     command = [sys.executable, str(CORPUS / script), *args]
-    run_id, code = launch_run(command, home=home, quiet=True, plan=PLAN, output_path="out.log")
+    run_id, code = launch_run(
+        command, home=home, quiet=True, plan=PLAN, output_path="out.log", max_steps=max_steps
+    )
     assert code == 0
     with RunStore(home) as store:
         run = store.run(run_id)
@@ -54,7 +58,7 @@ def test_trainer_dataloader_and_optimizer_take_the_fixes(tmp_path: Path) -> None
 
 @pytest.mark.slow
 def test_lightning_dataloader_and_optimizer_take_the_fixes(tmp_path: Path) -> None:
-    entries, seen = _applied(tmp_path, "lightning_job.py", "--max-steps", "6")
+    entries, seen = _applied(tmp_path, "lightning_job.py", max_steps=6)
     workers = [e for e in entries["dataloader_workers"] if e["applied"]]
     assert workers and all(e["verified"] for e in workers), entries["dataloader_workers"]
     fused = entries["fused_optimizer"]

@@ -132,9 +132,19 @@ class StepTimer:
         self._taken_back = 0  # hook steps already written when the job began to mark
         # per-step accumulators, reset at each step end
         self.data_wait = 0.0
+        # Samples of the step. Batches are counted per dataset, and a step's batch is
+        # that of the dataset it fetched last (its training data): a validation pass
+        # between two steps (imagenet's validate(), Lightning's val check) fetches
+        # batches that are not training samples. ``batch`` carries samples merged in
+        # from held rows.
         self.batch = 0
-        self.batches = 0  # DataLoader batches fetched in this step
-        self._last_batch = 0  # size of the last one
+        self.batches = 0
+        self._ds_samples: dict[int, int] = {}
+        self._ds_batches: dict[int, int] = {}
+        self._last_ds: int | None = None
+        self._last_batch = 0  # size of the last batch fetched
+        self._look_ahead = False  # the training loader is read one batch ahead
+        self._skip_first: set[int] = set()  # datasets whose next batch is fetched ahead
         self.losses: list[Any] = []  # given to backward since the last optimizer step
         self._anchor_losses: list[Any] = []  # ... and those the first optimizer stepped on
         self.backward_seen = False
@@ -149,6 +159,10 @@ class StepTimer:
         self._held: dict[str, Any] | None = None  # the first iteration, while learning
         self._first_row: dict[str, Any] | None = None  # step 0, for the look-ahead check
         self._after_capture = 0
+        # a job with no optimizer that runs backward updates its parameters by hand: its
+        # steps end where its next forward starts (forward, backward and update in one)
+        self._fwd_since_boundary = False
+        self._last_backward_end: float | None = None
         self._fwd_anchor: weakref.ReferenceType[Any] | None = None
         self._tls = threading.local()
         self._handles: list[Any] = []
@@ -316,6 +330,17 @@ class StepTimer:
                 self._activity()
             if "model" not in self.facts.facts:
                 self.facts.on_top_forward(module, args)
+            # (the first iteration's forward is held: it ran before any backward)
+            if (self._fwd_since_boundary or self._pending_fwd) and self._updates_by_hand():
+                anchor = self._fwd_anchor() if self._fwd_anchor is not None else None
+                if module is anchor and self._torch.is_grad_enabled():
+                    try:
+                        self._end_update_step(time.time())
+                    except StepLimitReached:
+                        tls.depth = depth  # the call does not happen
+                        raise
+                    except Exception as exc:
+                        self._disable("step timer", exc)
 
     def _forward_hook(self, module: Any, args: Any, output: Any) -> None:
         if self._is_compiling() or self.inert:
@@ -351,20 +376,22 @@ class StepTimer:
                 return original(self)
             if not count_batch:
                 timer.facts.on_loader(self)
+                if timer._look_ahead:
+                    timer._skip_first.add(id(getattr(self, "dataset", None)))
             t0 = perf()
             if timer.start_s is None:
                 timer._activity()
             try:
                 result = original(self)
+            except StopIteration:
+                if count_batch and timer._look_ahead:
+                    timer._count_batch(id(getattr(self, "_dataset", None)), None)
+                raise
             finally:
                 timer.data_wait += perf() - t0
             if count_batch:
                 try:
-                    n = timer._batch_len(result)
-                    if n:
-                        timer.batch += n
-                        timer.batches += 1
-                        timer._last_batch = n
+                    timer._count_batch(id(getattr(self, "_dataset", None)), result)
                 except Exception as exc:
                     timer._disable("data wait", exc)
             return result
@@ -380,7 +407,9 @@ class StepTimer:
                     timer._record_loss(tensors)
                 except Exception as exc:
                     timer._disable("loss", exc)
-            return original(tensors, *args, **kwargs)
+            result = original(tensors, *args, **kwargs)
+            timer._last_backward_end = time.time()
+            return result
 
         return backward
 
@@ -416,6 +445,29 @@ class StepTimer:
         if isinstance(t, self._tensor_type) and t.numel() == 1 and (t.is_cuda or t.is_cpu):
             self.losses.append(t.detach())
 
+    def _count_batch(self, ds: int, batch: Any) -> None:
+        """One batch of dataset ``ds`` for this step (``batch`` None: a look-ahead loader
+        ran out, and the step uses the batch it fetched before).
+
+        A look-ahead loader (accelerate's ``DataLoaderShard`` in Hugging Face's Trainer)
+        fetches the next batch before it yields the current one: each epoch's first
+        fetch is a batch used one step later (not counted), and its last step fetches
+        nothing (the batch fetched before is counted then).
+        """
+        if batch is None:
+            n = self._last_batch if ds == self._last_ds else None
+        else:
+            n = self._batch_len(batch)
+            if ds in self._skip_first:
+                self._skip_first.discard(ds)
+                self._last_ds, self._last_batch = ds, n or 0
+                return
+        if not n:
+            return
+        self._ds_samples[ds] = self._ds_samples.get(ds, 0) + n
+        self._ds_batches[ds] = self._ds_batches.get(ds, 0) + 1
+        self._last_ds, self._last_batch = ds, n
+
     def _batch_len(self, batch: Any, depth: int = 0) -> int | None:
         tensor_type = self._tensor_type
         if isinstance(batch, tensor_type):
@@ -441,16 +493,18 @@ class StepTimer:
             "start_s": self.start_s if self.start_s is not None else self.installed_at,
             "end_s": end_s,
             "data_wait_s": self.data_wait,
-            "batch_size": self.batch or None,
+            "batch_size": (self.batch + self._ds_samples.get(self._last_ds, 0)) or None,
             "kind": kind,
             "profiled": self.profiled,
             "_losses": self._anchor_losses + self.losses,
-            "_batches": self.batches,
+            "_batches": self.batches + self._ds_batches.get(self._last_ds, 0),
             "_last_batch": self._last_batch,
         }
         self.data_wait = 0.0
         self.batch = 0
         self.batches = 0
+        self._ds_samples = {}
+        self._ds_batches = {}
         self.losses = []
         self._anchor_losses = []
         return row
@@ -519,6 +573,7 @@ class StepTimer:
         if first is None or row["step"] != 1 or not first["_batches"] or not row["_batches"]:
             return
         if first["_batches"] == row["_batches"] + 1 and first["batch_size"]:
+            self._look_ahead = True
             # the row may be written already (or, on CUDA, wait for its event): write
             # the corrected one now, which replaces it; a later CUDA write carries it too
             first["batch_size"] -= first["_last_batch"]
@@ -574,8 +629,13 @@ class StepTimer:
             ):
                 self._confirm_forward_steps()
             return
-        if self.backward_seen and not grad:
-            return  # evaluation in a job that updates its parameters by hand: not a step
+        if self.backward_seen:
+            # a job that updates its parameters by hand: the step ends where the next
+            # training forward starts (after this one's backward and update); a forward
+            # without grad is evaluation, not a step
+            if grad:
+                self._fwd_since_boundary = True
+            return
         if self._fwd_confirmed or not grad or self.backward_seen:
             if self._pending_fwd:
                 self._confirm_forward_steps()
@@ -584,6 +644,18 @@ class StepTimer:
         self._hold_forward(end, grad)
         if end - self._pending_fwd[0]["end_s"] >= CONFIRM_FORWARD_S:
             self._confirm_forward_steps()
+
+    def _updates_by_hand(self) -> bool:
+        return self.mode == "auto" and self.backward_seen and not self._optimizers_made
+
+    def _end_update_step(self, end: float) -> None:
+        """A step of a job that updates by hand: its forward, backward and update."""
+        self._fwd_since_boundary = False
+        self._fwd_confirmed = True
+        self._absorb_pending()  # the first iteration's forward, held until its backward
+        row = self._take_row("forward", end)
+        self._emit(row)
+        self._after_emit(end)
 
     def _hold_forward(self, end: float, grad: bool) -> None:
         row = self._take_row("forward", end)
@@ -754,6 +826,12 @@ class StepTimer:
         if self._final:
             return
         try:
+            pending = self._fwd_since_boundary or self._pending_fwd
+            if pending and self._updates_by_hand() and not self.inert:
+                # the last iteration of a job that updates by hand ends with its backward
+                self._fwd_since_boundary = False
+                self._absorb_pending()
+                self._emit(self._take_row("forward", self._last_backward_end or time.time()))
             if self._held is not None and not self.inert:
                 held, self._held = self._held, None  # a job that ended in its first cycle
                 self._emit(held)

@@ -98,7 +98,9 @@ def _cuda(ctx: JobContext) -> bool | None:
 def _supports_fused(ctx: JobContext) -> bool | None:
     opt = ctx.optimizer
     if not opt:
-        return ctx.training
+        if ctx.facts:  # the job reported itself and stepped no torch.optim optimizer
+            return False
+        return ctx.training  # a bare trace: unknown
     return bool(opt.get("supports_fused")) or opt.get("foreach") is not None
 
 
