@@ -24,6 +24,7 @@ from dashboard_helpers import (
     NOT_APPLIED_WHY,
     REPO,
     cli_env,
+    stepscope,
     stored_experiment,
 )
 
@@ -36,18 +37,6 @@ from stepscope.store import RunStore
 JOBS = Path(__file__).resolve().parent / "jobs"
 BRACKETED = "nanogpt [baseline #1]"
 LONG = "a-run-name-long-enough-that-eighty-columns-cannot-hold-it-beside-the-other-columns"
-
-
-def stepscope(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """The CLI with stdout and stderr piped (not a terminal)."""
-    return subprocess.run(
-        [sys.executable, "-m", "stepscope.app.cli", "--home", str(home), *args],
-        cwd=REPO,
-        env=cli_env(home),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 @pytest.fixture(scope="module")

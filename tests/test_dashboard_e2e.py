@@ -236,7 +236,10 @@ def test_runs_run_diagnose_optimize_compare_in_chromium(
             expect(boxes.first).to_be_visible()
             for i in range(boxes.count()):
                 box = boxes.nth(i)
-                if "dataloader_workers" not in box.inner_text():
+                text = box.inner_text()
+                if "Keep values my script set" in text:  # a toggle, left off (the default)
+                    expect(box.locator("input")).not_to_be_checked()
+                elif "dataloader_workers" not in text:
                     box.locator("label").click()
                     expect(box.locator("input")).not_to_be_checked()
             expect(

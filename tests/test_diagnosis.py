@@ -682,3 +682,14 @@ def test_tiny_ops_with_several_threads_get_one_thread() -> None:
     one = JobContext(cuda=False, training=True, cpu_count=2, facts={"settings": {"threads": 1}})
     fix, reason = _thread_ids(one, "host_overhead", trace=r)
     assert fix is None and "1 intra-op thread" in reason
+
+
+def test_a_verdict_from_very_few_steps_says_so() -> None:
+    """A torchrun job that stepped once was "highly input-bound" from one 12 ms step."""
+    one = {"data_wait_share": 0.38, "timed_steps": 1}
+    d = dx.diagnose(evidence(steps=one))
+    many = dx.diagnose(evidence(steps=dict(one, timed_steps=20)))
+    assert d.findings[0].subtype == many.findings[0].subtype == "input_pipeline"
+    assert d.findings[0].confidence == pytest.approx(many.findings[0].confidence * 0.5, abs=0.01)
+    assert any("only 1 timed step" in w for w in d.warnings)
+    assert not any("timed step" in w for w in many.warnings)

@@ -72,6 +72,11 @@ CLASS_LABELS = {
 }
 MODEL_PHASES = ("forward", "backward", "optimizer")  # stack phases that are the model's work
 LEVEL_CONFIDENCE = {"trace": 1.0, "steps": 0.85, "stacks": 0.75, "samples": 0.6, "none": 0.3}
+# Shares read from fewer timed steps than this are one step's accident (a torchrun job
+# that stepped once was "highly input-bound" from a single 12 ms step): the findings
+# stand, at half the confidence, and the diagnosis says why.
+FEW_STEPS = 5
+FEW_STEPS_FACTOR = 0.5
 
 
 @dataclass
@@ -719,6 +724,14 @@ def diagnose(ev: Evidence) -> Diagnosis:
         if finding is not None:
             finding.confidence = round(finding.confidence * LEVEL_CONFIDENCE.get(ev.level, 0.5), 2)
             findings.append(finding)
+    timed = (ev.steps or {}).get("timed_steps") if ev.level == "steps" else None
+    if timed is not None and timed < FEW_STEPS:
+        warnings.append(
+            f"only {timed} timed step{'s' if timed != 1 else ''}: shares from so few steps are "
+            f"weak evidence (confidence halved); record at least {FEW_STEPS} steps"
+        )
+        for finding in findings:
+            finding.confidence = round(finding.confidence * FEW_STEPS_FACTOR, 2)
     findings.sort(key=lambda f: (f.cost, f.confidence), reverse=True)
     for finding in findings:
         recommend(finding, ev)
