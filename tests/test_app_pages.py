@@ -58,6 +58,7 @@ from stepscope.analyzers.trace_report import analyze_trace
 from stepscope.app import tb_launch, ui
 from stepscope.collectors.attach import attach_run_of, start_attach
 from stepscope.collectors.control import capture_request_path
+from stepscope.collectors.launcher import launch_run
 from stepscope.optim_runner.experiment import candidate_arms, start_experiment
 from stepscope.optim_runner.plan import choose_fixes
 from stepscope.optim_runner.stats import speedup_ci, timed_step_times
@@ -1196,3 +1197,19 @@ def test_run_page_shows_where_the_main_thread_spends_its_time(
     table = table_with(at, "line")
     assert list(table["line"]) == list(sites["site"])
     assert table["share (%)"].to_numpy() == pytest.approx(sites["share"].to_numpy() * 100)
+
+
+def test_diagnose_on_a_run_without_steps_says_why(tmp_path: Path, monkeypatch) -> None:
+    """A job that ended before its first step: the button gives the reason, not
+    "no bottleneck found", and is not offered again."""
+    home = tmp_path / "home"
+    run_id, code = launch_run([sys.executable, "-c", "import torch"], home=home, quiet=True)
+    assert code == 0
+    monkeypatch.setenv("STEPSCOPE_HOME", str(home))
+    at = open_page("run", run=str(run_id))
+    no_errors(at)
+    at.button(key="diagnose").click().run()
+    no_errors(at)
+    shown = [i.value for i in at.info]
+    assert any(v.startswith("Nothing to diagnose: no steps recorded") for v in shown), shown
+    assert not [b for b in at.button if b.key == "diagnose"]
