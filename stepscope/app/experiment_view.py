@@ -1,7 +1,6 @@
 """The Optimize page once an experiment exists (``?run=ID&experiment=EID``).
 
-While it runs: a progress bar that polls the store (the experiment is a process of
-its own, so the page can be closed and reopened) and a Cancel button. When it has
+While it runs, and when it failed: ``experiment_progress``. When it has
 ended: the verdict first (which fixes to keep, the combined speed-up), then the
 ablation behind it, predicted against measured per fix, and the way into the Compare
 view on one baseline trial and one trial of the best candidate.
@@ -24,8 +23,8 @@ import streamlit as st
 from stepscope.analyzers.step_stats import summarize_steps
 from stepscope.app import charts, data, ui
 from stepscope.app.applied import not_applied_text
+from stepscope.app.experiment_progress import first_line
 from stepscope.app.speed import compare_speed
-from stepscope.optim_runner.experiment import cancel_experiment
 from stepscope.optim_runner.stats import timed_step_times
 
 
@@ -55,104 +54,6 @@ def _explicit_note(keep: bool | None) -> str:
     return " · fixes override values the script set explicitly"
 
 
-# -- running ---------------------------------------------------------------------------------
-def progress_bar(progress: dict[str, Any]) -> None:
-    """Done/total trial runs and what runs now, from the experiment's progress record."""
-    done, total = int(progress.get("done") or 0), progress.get("total")
-    if not total:
-        st.progress(0.0, text="Starting the experiment…")
-        return
-    text = f"{done} of {total} trial runs"
-    arm = progress.get("arm")
-    if arm:
-        fixes = ", ".join(progress.get("fixes") or []) or "no fixes"
-        now = "now" if progress.get("event") == "trial_start" else "last"
-        text += (
-            f" · {now}: {arm} ({fixes}), trial {int(progress.get('trial') or 0) + 1} "
-            f"of {progress.get('trials', '?')}"
-        )
-        if progress.get("phase") == "confirm":
-            text += " · confirming the kept fixes together"
-    st.progress(min(1.0, done / int(total)), text=text)
-    if progress.get("event") == "trial_end" and progress.get("status") == "failed":
-        st.caption(
-            f":material/warning: {arm} failed in run {progress.get('run_id')}: "
-            f"{_first_line(progress.get('error'))}; the other arms go on without it."
-        )
-    elif progress.get("event") == "trial_end" and progress.get("status") == "not applied":
-        st.caption(
-            f":material/block: {arm} ran in run {progress.get('run_id')}, but "
-            f"{_first_line(progress.get('error'))}: it is not measured; the other arms go on."
-        )
-
-
-@st.fragment(run_every=data.LIVE_REFRESH_S)
-def live_progress(home: str, experiment_id: int) -> None:
-    """Redrawn every couple of seconds; the whole page once the experiment has ended."""
-    with ui.errors_as_one_line():
-        row = data.experiment_row(home, experiment_id)
-    if row is None or row["status"] != "running":
-        st.rerun(scope="app")
-    progress_bar(row.get("progress") or {})
-
-
-def cancel_button(home: str, experiment_id: int) -> None:
-    """SIGTERM to the experiment: its running trial is ended, then it records the stop."""
-    asked = st.session_state.get(f"cancel_asked_{experiment_id}", False)
-    if st.button(
-        "Cancel",
-        key="cancel",
-        icon=":material/cancel:",
-        disabled=asked,
-        help="stopping: waiting for the running trial to end" if asked else "stop the experiment",
-    ):
-        with ui.errors_as_one_line(), data.open_store(home) as store:
-            sent = cancel_experiment(store, experiment_id)
-        st.session_state[f"cancel_asked_{experiment_id}"] = sent
-        st.rerun()  # sent or not (it had just ended), the page shows what is true now
-    if asked:
-        st.info(
-            "Stopping: the running trial is ended first, then the experiment records what it has.",
-            icon=":material/hourglass_bottom:",
-        )
-
-
-def running_view(home: str, row: dict[str, Any]) -> None:
-    live_progress(home, int(row["id"]))
-    cancel_button(home, int(row["id"]))
-    st.caption(
-        "The experiment runs in a process of its own: this page can be closed and "
-        "reopened (the URL names the experiment)."
-    )
-
-
-# -- ended badly -------------------------------------------------------------------------------
-def failed_view(row: dict[str, Any]) -> None:
-    error = _first_line(row.get("error")) or "no error recorded"
-    progress = row.get("progress") or {}
-    done, total = progress.get("done") or 0, progress.get("total") or "?"
-    if error == "interrupted":
-        st.warning(
-            f"Experiment {row['id']} was cancelled after {done} of {total} trial runs: "
-            "nothing was measured to the end.",
-            icon=":material/cancel:",
-        )
-    else:
-        st.error(f"Experiment {row['id']} failed: {error}", icon=":material/error:")
-    failed_run = progress.get("run_id") if progress.get("status") == "failed" else None
-    if failed_run:
-        st.page_link(
-            "views/run.py",
-            label=f"Open the failed trial, run {failed_run} (its error and log)",
-            icon=":material/open_in_new:",
-            query_params={"run": str(failed_run)},
-        )
-    runs = (row.get("result") or {}).get("runs") or progress.get("runs") or {}
-    recorded = [f"{arm} {', '.join(f'#{r}' for r in ids)}" for arm, ids in runs.items() if ids]
-    if recorded:
-        st.caption("Trial runs recorded: " + " · ".join(recorded))
-
-
 # -- the result ----------------------------------------------------------------------------------
 def _x(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}x"
@@ -160,11 +61,6 @@ def _x(value: float | None) -> str:
 
 def _ci(ci: list[float] | None) -> str:
     return "—" if not ci else f"{ci[0]:.2f}–{ci[1]:.2f}x"
-
-
-def _first_line(text: Any) -> str:
-    lines = str(text or "").strip().splitlines()
-    return lines[0] if lines else ""
 
 
 def _quality(c: dict[str, Any]) -> str:
@@ -237,11 +133,11 @@ def ablation_table(result: dict[str, Any]) -> None:
         failed = c["status"] == "failed"
         skipped = c["status"] == "not_applied"
         if failed:
-            status, why = c.get("failure") or "failed", _first_line(c.get("error"))
+            status, why = c.get("failure") or "failed", first_line(c.get("error"))
         elif skipped:
             status, why = "not applied", not_applied_text(c)
         else:
-            status, why = c["status"], _first_line((c.get("quality") or {}).get("reason"))
+            status, why = c["status"], first_line((c.get("quality") or {}).get("reason"))
         rows.append(
             {
                 "candidate": c["name"],

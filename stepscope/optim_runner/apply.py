@@ -47,6 +47,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from stepscope.collectors.bootstrap import one_line_error
+
 MODEL_FIXES = ("bf16_autocast", "torch_compile", "channels_last")
 DDP_FIX_OF = {
     "bucket_cap_mb": "ddp_bucket_cap",
@@ -347,7 +349,7 @@ class PlanApplier:
                     if use != "fused":
                         raise
                     # fused refused these parameters (a dtype, a device): foreach then
-                    use, why = "foreach", f"fused refused: {_one_line(exc)}"
+                    use, why = "foreach", f"fused refused: {one_line_error(type(exc), exc)}"
                     extra = {"foreach": True, "fused": None}
                     extra = {k: v for k, v in extra.items() if k in signature.parameters}
                     original(opt, params, *args, **{**kwargs, **extra})
@@ -567,11 +569,6 @@ def _ddp_setting(ddp: Any, key: str) -> Any:
     if key == "static_graph":
         return bool(getattr(ddp, "static_graph", False))
     return getattr(ddp, key, None)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:200]
 
 
 def _to_channels_last(value: Any, torch: Any) -> Any:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import streamlit as st
 
 from stepscope.app import data, ui
+from stepscope.app import experiment_progress as progress
 from stepscope.app import experiment_view as ev
 from stepscope.app import optimize_setup as setup
 from stepscope.store import RunNotFound
@@ -96,9 +97,9 @@ if row is None:
 else:
     ev.header(row)
     if row["status"] == "running":
-        ev.running_view(home, row)
+        progress.running_view(home, row)
     elif row["status"] == "failed":
-        ev.failed_view(row)
+        progress.failed_view(row)
     else:
         ev.result_view(home, row)
     if st.button("Set up another experiment", key="new", icon=":material/add:"):
