@@ -19,8 +19,8 @@ from stepscope.analyzers import diagnosis as dx
 from stepscope.analyzers.diagnosis import diagnose, diagnose_report, diagnose_run
 from stepscope.analyzers.evidence import Evidence, system_summary
 from stepscope.analyzers.trace_report import TraceReport, analyze_trace
-from stepscope.optim_runner import catalog
-from stepscope.optim_runner.catalog.base import JobContext
+from stepscope import fixes as catalog
+from stepscope.types import JobContext
 from stepscope.optim_runner.plan import choose_fixes
 from stepscope.store import RunStore
 
@@ -292,7 +292,7 @@ def test_predicted_gain_is_the_amdahl_bound() -> None:
 
 
 def test_catalog_entries_are_complete() -> None:
-    from stepscope.optim_runner.catalog.base import REQUIREMENTS
+    from stepscope.fixes.base import REQUIREMENTS
 
     required = {
         "dataloader_workers",

@@ -174,7 +174,7 @@ def test_nothing_to_try_is_refused(cores: int, finding: str, busy: int, current:
 def test_every_fix_that_changes_numerics_needs_consent(runs) -> None:
     """bf16 autocast ran in every default experiment although the catalog marked it
     "numerics: changes" and --help said such fixes need --allow-numerics."""
-    from stepscope.optim_runner import catalog
+    from stepscope import fixes as catalog
 
     for fix in catalog.FIXES.values():
         assert fix.needs_consent == (fix.auto and fix.changes_numerics), fix.id

@@ -23,9 +23,11 @@ from typing import Any
 
 from stepscope.analyzers.evidence import Evidence, from_trace, gather
 from stepscope.analyzers.kernels import cpu_op_classes
+from stepscope.analyzers.recommend import recommend
 from stepscope.analyzers.stacks import LABELS
 from stepscope.analyzers.step_stats import describe_wait_outliers
 from stepscope.analyzers.trace_report import TraceReport
+from stepscope.types import EvidenceItem, Finding
 
 # -- thresholds ----------------------------------------------------------------------
 # I/O: torch-tb-profiler flags DataLoader > 5 % of the step; XProf calls a job
@@ -64,12 +66,6 @@ FRAGMENTATION_RATIO = 1.5
 WAITING_CPU_PERCENT = 50.0
 COMPUTING_CPU_PERCENT = 80.0
 
-CLASS_LABELS = {
-    "io": "I/O",
-    "compute": "compute",
-    "memory": "memory",
-    "communication": "communication",
-}
 MODEL_PHASES = ("forward", "backward", "optimizer")  # stack phases that are the model's work
 LEVEL_CONFIDENCE = {"trace": 1.0, "steps": 0.85, "stacks": 0.75, "samples": 0.6, "none": 0.3}
 # Shares read from fewer timed steps than this are one step's accident (a torchrun job
@@ -80,37 +76,6 @@ FEW_STEPS_FACTOR = 0.5
 
 
 @dataclass
-class Finding:
-    klass: str  # 'io' | 'compute' | 'memory' | 'communication'
-    subtype: str
-    title: str
-    share: float | None  # of step time, 0..1
-    confidence: float
-    evidence: list[dict[str, Any]]
-    weight: float = 1.0  # fraction of ``share`` that is recoverable (see module docstring)
-    fixes: list[dict[str, Any]] = field(default_factory=list)
-    skipped: list[dict[str, str]] = field(default_factory=list)
-    extra_cost: float = 0.0  # findings without a time share that still rank (an OOM)
-
-    @property
-    def cost(self) -> float:
-        return (self.share or 0.0) * self.weight + self.extra_cost
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "class": self.klass,
-            "subtype": self.subtype,
-            "title": self.title,
-            "share": None if self.share is None else round(self.share, 4),
-            "cost": round(self.cost, 4),
-            "confidence": round(self.confidence, 2),
-            "evidence": self.evidence,
-            "fixes": self.fixes,
-            "skipped_fixes": self.skipped,
-        }
-
-
-@dataclass
 class Diagnosis:
     level: str
     findings: list[Finding]
@@ -118,13 +83,15 @@ class Diagnosis:
     # Why there is nothing to diagnose (a run whose job recorded no step); also in warnings.
     reason: str | None = None
 
+    def __post_init__(self) -> None:
+        for finding in self.findings:
+            finding.level = self.level
+
     def to_json(self) -> list[dict[str, Any]]:
-        return [dict(f.to_json(), level=self.level) for f in self.findings]
+        return [f.to_json() for f in self.findings]
 
 
-def _ev(text: str, value: float | None, source: str) -> dict[str, Any]:
-    v = None if value is None or (isinstance(value, float) and math.isnan(value)) else value
-    return {"text": text, "value": None if v is None else round(float(v), 4), "source": source}
+_ev = EvidenceItem.of
 
 
 def _pct(x: float) -> str:
@@ -154,19 +121,7 @@ def _kernel_time_share(ev: Evidence, classes: tuple[str, ...]) -> tuple[float, f
         return 0.0, 0.0
     rows = kc[kc["class"].isin(classes)]
     fraction = float(rows["share"].sum())
-    return min(1.0, _per_step(ev, float(rows["total_ns"].sum())) / _mean_step(ev)), fraction
-
-
-def _per_step(ev: Evidence, total: float) -> float:
-    """A total over the whole trace (kernel time, kernel count) per step and rank."""
-    numbers = ev.trace.summary.get("step_numbers") or []
-    steps = max(1, len(set(numbers)) or int(ev.trace.summary["steps"]))
-    ranks = max(1, len(ev.trace.summary.get("ranks") or [0]))
-    return total / steps / ranks
-
-
-def _mean_step(ev: Evidence) -> float:
-    return float(ev.trace.summary["mean_step_ns"]) or 1.0
+    return min(1.0, ev.per_step(float(rows["total_ns"].sum())) / ev.mean_step()), fraction
 
 
 def _cpu_classes(ev: Evidence) -> dict[str, dict[str, float]]:
@@ -293,7 +248,7 @@ def host_overhead(ev: Evidence) -> Finding | None:
         if count:
             evidence.append(
                 _ev(
-                    f"{_per_step(ev, count):,.0f} kernels per step, mean {total / count / 1e3:.1f} µs",
+                    f"{ev.per_step(count):,.0f} kernels per step, mean {total / count / 1e3:.1f} µs",
                     total / count / 1e3,
                     "trace",
                 )
@@ -600,7 +555,7 @@ def host_device(ev: Evidence) -> Finding | None:
     sync_share = 0.0
     evidence = []
     if syncs is not None and not syncs.empty:
-        sync_share = sync_time_share(ev)
+        sync_share = ev.sync_time_share()
         named = syncs[syncs["op"] != ""].head(3)
         for r in named.itertuples():
             evidence.append(
@@ -665,14 +620,6 @@ def _syncs_from_stacks(ev: Evidence) -> Finding | None:
     )
 
 
-def sync_time_share(ev: Evidence) -> float:
-    """Host time in synchronising runtime calls per step / step time."""
-    syncs = ev.trace.syncs if ev.trace is not None else None
-    if syncs is None or syncs.empty:
-        return 0.0
-    return min(1.0, _per_step(ev, float(syncs["total_ns"].sum())) / _mean_step(ev))
-
-
 def waiting_process(ev: Evidence) -> Finding | None:
     """Samples only, no GPU: a process that barely uses the CPU is waiting on input."""
     if ev.level != "samples" or _gpu_util_samples(ev) is not None:
@@ -710,8 +657,6 @@ RULES: tuple[Callable[[Evidence], Finding | None], ...] = (
 
 def diagnose(ev: Evidence) -> Diagnosis:
     """All findings of the evidence, with their fixes, most costly first."""
-    from stepscope.analyzers.recommend import recommend
-
     if ev.no_steps:
         return _nothing_to_diagnose(ev)
     findings, warnings = [], []
@@ -746,8 +691,6 @@ def _nothing_to_diagnose(ev: Evidence) -> Diagnosis:
     finding kept is an out-of-memory error the job died of (its own error message says
     so, whatever the steps), with its fixes.
     """
-    from stepscope.analyzers.recommend import recommend
-
     reason = str(ev.no_steps)
     findings = []
     oom = memory_capacity(ev)
@@ -772,7 +715,7 @@ def diagnose_run(
     diagnosis = diagnose(gather(store, run_id, report))
     diagnosis.warnings = warnings + diagnosis.warnings
     if save:
-        store.save_findings(run_id, diagnosis.to_json(), diagnosis.level)
+        store.save_findings(run_id, diagnosis.findings)
     return diagnosis
 
 

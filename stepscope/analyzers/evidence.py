@@ -18,7 +18,7 @@ import pandas as pd
 from stepscope.analyzers.stacks import stack_summary
 from stepscope.analyzers.step_stats import summarize_steps
 from stepscope.analyzers.trace_report import TraceReport
-from stepscope.optim_runner.catalog.base import JobContext
+from stepscope.types import JobContext
 
 LEVELS = ("samples", "stacks", "steps", "trace")
 
@@ -35,6 +35,26 @@ class Evidence:
     # Set when the step timer was in the job but recorded no step: there is nothing to
     # diagnose, and this says why (the diagnosis then has no findings).
     no_steps: str | None = None
+
+    def per_step(self, total: float) -> float:
+        """A total over the whole trace (kernel time, kernel count) per step and rank."""
+        assert self.trace is not None
+        numbers = self.trace.summary.get("step_numbers") or []
+        steps = max(1, len(set(numbers)) or int(self.trace.summary["steps"]))
+        ranks = max(1, len(self.trace.summary.get("ranks") or [0]))
+        return total / steps / ranks
+
+    def mean_step(self) -> float:
+        """The trace's mean step time in ns (1 when it has none: a divisor)."""
+        assert self.trace is not None
+        return float(self.trace.summary["mean_step_ns"]) or 1.0
+
+    def sync_time_share(self) -> float:
+        """Host time in synchronising runtime calls per step / step time."""
+        syncs = self.trace.syncs if self.trace is not None else None
+        if syncs is None or syncs.empty:
+            return 0.0
+        return min(1.0, self.per_step(float(syncs["total_ns"].sum())) / self.mean_step())
 
 
 def system_summary(samples: pd.DataFrame) -> dict[str, float]:

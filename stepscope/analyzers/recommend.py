@@ -30,15 +30,13 @@ Two kinds of fix need more than "not known to be unmet":
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from stepscope.optim_runner import catalog
-from stepscope.optim_runner.catalog.base import Fix
-from stepscope.optim_runner.plan import LOADER_BUSY_PERCENT
-
-if TYPE_CHECKING:
-    from stepscope.analyzers.diagnosis import Finding
-    from stepscope.analyzers.evidence import Evidence
+from stepscope import fixes as catalog
+from stepscope.analyzers.evidence import Evidence
+from stepscope.fixes.base import Fix
+from stepscope.fixes.input_pipeline import LOADER_BUSY_PERCENT
+from stepscope.types import Finding, FixAdvice, SkippedFix
 
 MAX_BOUND = 20.0  # a bound above this says nothing more than "large"
 # Requirements only a GPU meets (ROCm's torch.cuda included): such a fix is recommended
@@ -83,50 +81,48 @@ def recommend(finding: Finding, ev: Evidence) -> None:
     for fix in catalog.for_problem(finding.klass, finding.subtype):
         unmet, unknown = fix.requirement_status(ctx)
         if unmet:
-            finding.skipped.append({"id": fix.id, "reason": "needs " + ", ".join(unmet)})
+            finding.skipped.append(SkippedFix(fix.id, "needs " + ", ".join(unmet)))
             continue
         if ctx.cuda is not True and CUDA_ONLY & set(fix.requires):
             why = "needs cuda (the job did not report using CUDA)"
-            finding.skipped.append({"id": fix.id, "reason": why})
+            finding.skipped.append(SkippedFix(fix.id, why))
             continue
         if fix.in_effect(ctx) is True:
-            finding.skipped.append({"id": fix.id, "reason": "already in effect"})
+            finding.skipped.append(SkippedFix(fix.id, "already in effect"))
             continue
         advice: ThreadAdvice | None = None
         if fix.id == "cpu_threads":
             advice, reason = thread_advice(finding, ev)
             if advice is None:
-                finding.skipped.append({"id": fix.id, "reason": reason})
+                finding.skipped.append(SkippedFix(fix.id, reason))
                 continue
         share = finding.share
         if fix.id == "avoid_syncs" and finding.subtype != "host_device":
-            from stepscope.analyzers.diagnosis import sync_time_share
-
-            share = sync_time_share(ev)  # only the syncs' own time can be won back
+            share = ev.sync_time_share()  # only the syncs' own time can be won back
             if share < 0.01:
-                finding.skipped.append({"id": fix.id, "reason": "no synchronising calls found"})
+                finding.skipped.append(SkippedFix(fix.id, "no synchronising calls found"))
                 continue
         predicted, basis = predict(fix, share)
-        entry: dict[str, Any] = {
-            "id": fix.id,
-            "title": fix.title,
-            "why": fix.why,
-            "predicted_speedup": predicted,
-            "basis": basis,
-            "typical": None if fix.typical is None else [fix.typical.lo, fix.typical.hi],
-            "typical_source": None if fix.typical is None else fix.typical.source,
-            "auto": fix.auto,
-            "changes_numerics": fix.changes_numerics,
-            "needs_consent": fix.needs_consent,
-            "unverified_requirements": unknown,
-            "snippet": _snippet(fix, finding),
-        }
+        entry = FixAdvice(
+            id=fix.id,
+            title=fix.title,
+            why=fix.why,
+            predicted_speedup=predicted,
+            basis=basis,
+            typical=None if fix.typical is None else (fix.typical.lo, fix.typical.hi),
+            typical_source=None if fix.typical is None else fix.typical.source,
+            auto=fix.auto,
+            changes_numerics=fix.changes_numerics,
+            needs_consent=fix.needs_consent,
+            unverified_requirements=unknown,
+            snippet=_snippet(fix, finding),
+        )
         if advice is not None:  # the value to try, for the plan (optim_runner.plan)
-            entry["params"] = {"threads": advice.threads}
-            entry["evidence"] = advice.why
-            entry["snippet"] = f"torch.set_num_threads({advice.threads})  # {advice.why}"
+            entry.params = {"threads": advice.threads}
+            entry.evidence = advice.why
+            entry.snippet = f"torch.set_num_threads({advice.threads})  # {advice.why}"
         chosen.append(entry)
-    chosen.sort(key=lambda f: f["predicted_speedup"] or 0.0, reverse=True)
+    chosen.sort(key=lambda f: f.predicted_speedup or 0.0, reverse=True)
     finding.fixes = chosen
 
 
@@ -220,7 +216,7 @@ def _snippet(fix: Fix, finding: Finding) -> str:
     """The catalog snippet, plus the operators that synced for the sync advice."""
     if fix.id != "avoid_syncs":
         return fix.snippet
-    ops = [e["text"] for e in finding.evidence if "synchronised" in e["text"]]
+    ops = [e.text for e in finding.evidence if "synchronised" in e.text]
     if not ops:
         return fix.snippet
     return "# synchronised in this run:\n" + "".join(f"#   {t}\n" for t in ops) + fix.snippet

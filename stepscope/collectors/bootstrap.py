@@ -24,10 +24,10 @@ import importlib.abc
 import os
 import signal
 import sys
-import traceback
 from typing import Any
 
 from stepscope.collectors import contract
+from stepscope.errors import one_line_error
 
 _state: _Bootstrap | None = None
 
@@ -97,7 +97,7 @@ class _Bootstrap:
             return
         if self.plan_path and not _is_launcher_agent():
             # before the step timer: the plan may seed the RNGs the job then uses
-            from stepscope.optim_runner.apply import install_plan
+            from stepscope.fixes.install import install_plan
 
             install_plan(self.plan_path, self.writer)
         try:
@@ -242,13 +242,6 @@ def device_info() -> dict[str, Any]:
             cudnn=torch.backends.cudnn.version(),
         )
     return info
-
-
-def one_line_error(exc_type: Any, exc: Any) -> str:
-    """``ZeroDivisionError: division by zero``: the last line a traceback would print."""
-    lines = traceback.format_exception_only(exc_type, exc)
-    text = next((ln.strip() for ln in reversed(lines) if ln.strip()), exc_type.__name__)
-    return text.splitlines()[0][:500]
 
 
 def _die_by_sigint() -> None:

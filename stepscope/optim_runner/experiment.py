@@ -60,13 +60,13 @@ from typing import Any
 import numpy as np
 
 from stepscope.analyzers.step_stats import summarize_steps
+from stepscope.fixes.took_effect import not_applied
 from stepscope.optim_runner import plan as planning
 from stepscope.optim_runner.bound_check import above_bound_note
 from stepscope.optim_runner.contention import contention
 from stepscope.optim_runner.plan import PlannedFix
 from stepscope.optim_runner.quality import check_quality, loss_series
 from stepscope.optim_runner.stats import SpeedupCI, sec_per_sample, speedup_ci, timed_step_times
-from stepscope.optim_runner.took_effect import not_applied
 
 DEFAULT_STEPS = 30
 DEFAULT_TRIALS = 3
@@ -479,8 +479,8 @@ class _Runner:
         """
         if fix.finding != "io/input_pipeline":
             return {"predicted_in_experiment": None, "predicted_in_experiment_basis": None}
+        from stepscope import fixes as catalog
         from stepscope.analyzers.recommend import predict
-        from stepscope.optim_runner import catalog
 
         shares = [
             summarize_steps(steps)["data_wait_share"]

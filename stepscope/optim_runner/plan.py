@@ -31,6 +31,7 @@ Decisions, and why:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,14 +39,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stepscope.optim_runner import catalog
+from stepscope import fixes as catalog
+from stepscope.analyzers.diagnosis import diagnose_run
+from stepscope.fixes.input_pipeline import LOADER_BUSY_PERCENT
+from stepscope.types import FixAdvice
 
 PREFETCH_FACTOR = 4
 IO_WORKERS_PER_CORE = 2
 MAX_WORKERS = 8
-# A loading process below half a core while the loop waits for it is waiting itself (the
-# same threshold as the diagnosis's "waiting process" rule).
-LOADER_BUSY_PERCENT = 50.0
 # ... and one that uses less than 60 % of the CPU the model's work gets beside it.
 WAIT_TO_WORK_RATIO = 0.6
 # Doubling DDP's 25 MB default halves the number of all-reduce calls; latency-bound links
@@ -106,27 +107,23 @@ class LoaderWait:
 
 
 # -- which fixes -------------------------------------------------------------------------
-def recommended(store: Any, run_id: int) -> list[dict[str, Any]]:
+def recommended(store: Any, run_id: int) -> list[FixAdvice]:
     """The run's recommended fixes over all findings, one entry per fix id.
 
     A fix recommended by several findings keeps its highest predicted bound (the most
-    it could give) and names that finding.
+    it could give) and names that finding (``FixAdvice.finding``).
     """
     findings = store.findings(run_id)
     if not findings:
-        from stepscope.analyzers.diagnosis import diagnose_run
-
         diagnose_run(store, run_id)
         findings = store.findings(run_id)
-    best: dict[str, dict[str, Any]] = {}
+    best: dict[str, FixAdvice] = {}
     for finding in findings:
-        for fix in finding.get("fixes") or []:
-            entry = dict(fix, finding=f"{finding['class']}/{finding['subtype']}")
-            known = best.get(fix["id"])
-            if known is None or (entry.get("predicted_speedup") or 0) > (
-                known.get("predicted_speedup") or 0
-            ):
-                best[fix["id"]] = entry
+        for fix in finding.fixes:
+            entry = dataclasses.replace(fix, finding=finding.key)
+            known = best.get(fix.id)
+            if known is None or (entry.predicted_speedup or 0) > (known.predicted_speedup or 0):
+                best[fix.id] = entry
     return list(best.values())
 
 
@@ -142,13 +139,9 @@ def choose_fixes(
     that needs a code change, or one that needs consent without ``allow_numerics`` is a
     ValueError); by default the recommended auto fixes.
     """
-    recs = {r["id"]: r for r in recommended(store, run_id)}
+    recs = {r.id: r for r in recommended(store, run_id)}
     if fix_ids is None:
-        ids = [
-            r["id"]
-            for r in recs.values()
-            if r.get("auto") and (allow_numerics or not r.get("needs_consent"))
-        ]
+        ids = [r.id for r in recs.values() if r.auto and (allow_numerics or not r.needs_consent)]
     else:
         ids = list(dict.fromkeys(fix_ids))
         for fix_id in ids:
@@ -168,17 +161,18 @@ def choose_fixes(
     planned = []
     for fix_id in ids:
         fix = catalog.get(fix_id)
-        rec = recs.get(fix_id, {})
-        params, why = choose_params(fix_id, context, rec.get("finding"))
+        rec = recs.get(fix_id)
+        finding = rec.finding if rec else None
+        params, why = choose_params(fix_id, context, finding)
         needs = NEEDS.get(fix_id)
         planned.append(
             PlannedFix(
                 id=fix_id,
                 params=params,
                 why_params=why,
-                predicted_speedup=rec.get("predicted_speedup"),
-                basis=rec.get("basis"),
-                finding=rec.get("finding"),
+                predicted_speedup=rec.predicted_speedup if rec else None,
+                basis=rec.basis if rec else None,
+                finding=finding,
                 changes_numerics=fix.changes_numerics,
                 needs_consent=fix.needs_consent,
                 needs=needs if needs in ids and not context.loader_has_workers else None,

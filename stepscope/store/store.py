@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stepscope.store.schema import DDL, MIGRATIONS, SCHEMA_VERSION
+from stepscope.types import Finding
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -421,21 +422,21 @@ class RunStore:
         )
 
     # -- findings ----------------------------------------------------------------------
-    def save_findings(self, run_id: int, findings: Sequence[dict[str, Any]], level: str) -> None:
-        """Replace the run's findings (dicts as ``Finding.to_json`` makes them)."""
+    def save_findings(self, run_id: int, findings: Sequence[Finding]) -> None:
+        """Replace the run's findings (each with its ``level``: the evidence it rests on)."""
         now = time.time()
         rows = [
             (
                 run_id,
                 i,
-                f["class"],
-                f["subtype"],
-                f["title"],
-                f.get("share"),
-                float(f["confidence"]),
-                level,
-                json.dumps(f.get("evidence") or []),
-                json.dumps(f.get("fixes") or []),
+                f.klass.value,
+                f.subtype,
+                f.title,
+                None if f.share is None else round(f.share, 4),
+                round(float(f.confidence), 2),
+                f.level or "none",
+                json.dumps([e.to_json() for e in f.evidence]),
+                json.dumps([x.to_json() for x in f.fixes]),
                 now,
             )
             for i, f in enumerate(findings)
@@ -448,25 +449,17 @@ class RunStore:
                 rows,
             )
 
-    def findings(self, run_id: int) -> list[dict[str, Any]]:
+    def findings(self, run_id: int) -> list[Finding]:
         """The run's findings, most costly first; [] when it was never diagnosed."""
         rows = self._conn.execute(
             "SELECT * FROM findings WHERE run_id=? ORDER BY position", (run_id,)
         ).fetchall()
-        out = []
-        for row in rows:
-            d = dict(row)
-            d["evidence"] = json.loads(d["evidence"])
-            d["fixes"] = json.loads(d["fixes"])
-            out.append(d)
-        return out
+        return [_finding(row) for row in rows]
 
-    def top_findings(self) -> dict[int, dict[str, Any]]:
-        """run id -> its first finding (class, subtype, title, share): the runs table."""
-        rows = self._conn.execute(
-            "SELECT run_id, class, subtype, title, share, confidence FROM findings WHERE position=0"
-        ).fetchall()
-        return {int(r["run_id"]): dict(r) for r in rows}
+    def top_findings(self) -> dict[int, Finding]:
+        """run id -> its first finding: the runs table."""
+        rows = self._conn.execute("SELECT * FROM findings WHERE position=0").fetchall()
+        return {int(r["run_id"]): _finding(r) for r in rows}
 
     # -- experiments (optim_runner.experiment) -------------------------------------------
     # An experiment outlives no single run: its process launches many. It is written by
@@ -594,3 +587,10 @@ def _decode_json(df: pd.DataFrame) -> pd.DataFrame:
         if col in df:
             df[col] = df[col].map(lambda s: json.loads(s) if s else {})
     return df
+
+
+def _finding(row: Any) -> Finding:
+    d = dict(row)
+    d["evidence"] = json.loads(d["evidence"])
+    d["fixes"] = json.loads(d["fixes"])
+    return Finding.from_json(d)

@@ -47,7 +47,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from stepscope.collectors.bootstrap import one_line_error
+from stepscope.errors import one_line_error
 
 MODEL_FIXES = ("bf16_autocast", "torch_compile", "channels_last")
 DDP_FIX_OF = {

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from stepscope.optim_runner.catalog.base import Fix, JobContext, _all_loaders
+from stepscope.fixes.base import Fix, JobContext, _all_loaders
+
+# A loading process below half a core while the loop waits for it is waiting itself (the
+# same threshold as the diagnosis's "waiting process" rule).
+LOADER_BUSY_PERCENT = 50.0
 
 
 def _enough_workers(ctx: JobContext) -> bool | None:

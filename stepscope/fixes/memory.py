@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stepscope.optim_runner.catalog.base import Fix, JobContext
+from stepscope.fixes.base import Fix, JobContext
 
 
 def _expandable(ctx: JobContext) -> bool | None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stepscope.optim_runner.catalog.base import Fix, JobContext, Typical
+from stepscope.fixes.base import Fix, JobContext, Typical
 
 
 def _ddp(ctx: JobContext, key: str) -> bool | None:

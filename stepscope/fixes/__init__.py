@@ -12,14 +12,14 @@ is the Amdahl bound from the finding's share alone (see ``recommend.predict``).
 
 from __future__ import annotations
 
-from stepscope.optim_runner.catalog import (
+from stepscope.fixes import (
     compute,
     distributed,
     input_pipeline,
     memory,
     precision,
 )
-from stepscope.optim_runner.catalog.base import Fix, Typical
+from stepscope.fixes.base import Fix, Typical
 
 FIXES: dict[str, Fix] = {
     fix.id: fix

@@ -11,8 +11,10 @@ lowers the recommendation's confidence; one that is known to be unmet always doe
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from stepscope.types import JobContext
 
 
 @dataclass(frozen=True)
@@ -22,39 +24,6 @@ class Typical:
     lo: float
     hi: float
     source: str
-
-
-@dataclass
-class JobContext:
-    """What the run is known to have; None = unknown."""
-
-    cuda: bool | None = None
-    vendor: str | None = None  # 'nvidia' | 'amd' | None
-    capability: float | None = None  # CUDA compute capability, e.g. 8.0
-    device_name: str | None = None
-    training: bool | None = None
-    dataloader: bool | None = None
-    conv2d: bool | None = None
-    ddp: bool | None = None
-    dataparallel: bool | None = None
-    cpu_count: int | None = None
-    facts: dict[str, Any] = field(default_factory=dict)  # runs.facts as recorded
-
-    @property
-    def loaders(self) -> list[dict[str, Any]]:
-        return list(self.facts.get("dataloaders") or [])
-
-    @property
-    def model(self) -> dict[str, Any]:
-        return dict(self.facts.get("model") or {})
-
-    @property
-    def optimizer(self) -> dict[str, Any]:
-        return dict(self.facts.get("optimizer") or {})
-
-    @property
-    def settings(self) -> dict[str, Any]:
-        return dict(self.facts.get("settings") or {})
 
 
 def _all_loaders(ctx: JobContext, test: Callable[[dict[str, Any]], bool]) -> bool | None:
@@ -152,6 +121,8 @@ class Fix:
     typical: Typical | None = None
     in_effect: Callable[[JobContext], bool | None] = _never
     removes: float = 1.0  # largest fraction of the finding's share it can remove
+    # Compiles at its first steps (torch.compile): a trial's time limit allows for it.
+    slow_start: bool = False
 
     @property
     def needs_consent(self) -> bool:

@@ -3,7 +3,7 @@ batch size, and synchronising calls."""
 
 from __future__ import annotations
 
-from stepscope.optim_runner.catalog.base import Fix, JobContext, Typical
+from stepscope.fixes.base import Fix, JobContext, Typical
 
 
 def _compiled(ctx: JobContext) -> bool | None:
@@ -41,6 +41,7 @@ def _cudnn_benchmark(ctx: JobContext) -> bool | None:
 FIXES = (
     Fix(
         id="torch_compile",
+        slow_start=True,
         title="Compile the model (torch.compile)",
         addresses=("compute/host_overhead", "memory/bandwidth", "compute/device_compute"),
         requires=(),

@@ -1,0 +1,247 @@
+"""The plain types every layer shares: a finding, its evidence and fixes, the job's context.
+
+They sit below everything else (no stepscope import) so that the store can return them,
+the analyzers make them, the fixes read them and the CLI and dashboard show them, all
+with the same fields instead of JSON dicts whose keys each reader spells for itself.
+The store keeps them as JSON (``to_json``/``from_json``); nothing here imports torch or
+pandas, because the bootstrap imports stepscope inside the user's job.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class BottleneckClass(StrEnum):
+    """DESIGN.md's four classes. A StrEnum: it is stored and compared as its value."""
+
+    IO = "io"
+    COMPUTE = "compute"
+    MEMORY = "memory"
+    COMMUNICATION = "communication"
+
+    @property
+    def label(self) -> str:
+        """The one name shown for the class, in the CLI and the dashboard alike."""
+        return "I/O" if self is BottleneckClass.IO else self.value
+
+
+def class_label(value: str) -> str:
+    """``BottleneckClass(value).label``, or the value itself when it is not a class."""
+    try:
+        return BottleneckClass(value).label
+    except ValueError:
+        return str(value)
+
+
+@dataclass(frozen=True)
+class EvidenceItem:
+    """One number a finding rests on, said in words, with where it was read."""
+
+    text: str
+    value: float | None
+    source: str
+
+    @classmethod
+    def of(cls, text: str, value: float | None, source: str) -> EvidenceItem:
+        """NaN is no reading; values are rounded to what a report can show."""
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return cls(text, None, source)
+        return cls(text, round(float(value), 4), source)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"text": self.text, "value": self.value, "source": self.source}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> EvidenceItem:
+        return cls(str(d.get("text", "")), d.get("value"), str(d.get("source", "")))
+
+
+@dataclass
+class FixAdvice:
+    """A fix recommended for one finding, with its predicted gain for this run."""
+
+    id: str
+    title: str
+    why: str
+    predicted_speedup: float | None
+    basis: str
+    auto: bool
+    changes_numerics: bool
+    needs_consent: bool
+    snippet: str
+    typical: tuple[float, float] | None = None
+    typical_source: str | None = None
+    unverified_requirements: list[str] = field(default_factory=list)
+    params: dict[str, Any] = field(default_factory=dict)  # values to try (the plan's start)
+    evidence: str | None = None  # why those values
+    finding: str | None = None  # 'class/subtype' that recommended it, over a run's findings
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "title": self.title,
+            "why": self.why,
+            "predicted_speedup": self.predicted_speedup,
+            "basis": self.basis,
+            "typical": None if self.typical is None else list(self.typical),
+            "typical_source": self.typical_source,
+            "auto": self.auto,
+            "changes_numerics": self.changes_numerics,
+            "needs_consent": self.needs_consent,
+            "unverified_requirements": list(self.unverified_requirements),
+            "snippet": self.snippet,
+            "params": dict(self.params),
+            "evidence": self.evidence,
+            "finding": self.finding,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> FixAdvice:
+        typical = d.get("typical")
+        return cls(
+            id=str(d["id"]),
+            title=str(d.get("title", d["id"])),
+            why=str(d.get("why", "")),
+            predicted_speedup=d.get("predicted_speedup"),
+            basis=str(d.get("basis") or ""),
+            auto=bool(d.get("auto")),
+            changes_numerics=bool(d.get("changes_numerics")),
+            needs_consent=bool(d.get("needs_consent")),
+            snippet=str(d.get("snippet") or ""),
+            typical=None if not typical else (float(typical[0]), float(typical[1])),
+            typical_source=d.get("typical_source"),
+            unverified_requirements=list(d.get("unverified_requirements") or []),
+            params=dict(d.get("params") or {}),
+            evidence=d.get("evidence"),
+            finding=d.get("finding"),
+        )
+
+
+@dataclass(frozen=True)
+class SkippedFix:
+    """A fix of the finding's area that was not recommended, and why."""
+
+    id: str
+    reason: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"id": self.id, "reason": self.reason}
+
+
+@dataclass
+class Finding:
+    """One bottleneck of a run: its class and subtype, what it costs, and how sure we are.
+
+    ``share`` is of step time (0..1); ``weight`` the part of it a fix can give back
+    (waiting can go entirely, useful kernel work only in part), so ``cost`` orders the
+    findings. ``level`` is the evidence the diagnosis had ('trace', 'steps', ...).
+    """
+
+    klass: BottleneckClass
+    subtype: str
+    title: str
+    share: float | None
+    confidence: float
+    evidence: list[EvidenceItem]
+    weight: float = 1.0
+    fixes: list[FixAdvice] = field(default_factory=list)
+    skipped: list[SkippedFix] = field(default_factory=list)
+    extra_cost: float = 0.0  # findings without a time share that still rank (an OOM)
+    level: str | None = None
+
+    def __post_init__(self) -> None:
+        self.klass = BottleneckClass(self.klass)
+
+    @property
+    def key(self) -> str:
+        """'class/subtype': how the fixes name what they address."""
+        return f"{self.klass.value}/{self.subtype}"
+
+    @property
+    def label(self) -> str:
+        return self.klass.label
+
+    @property
+    def cost(self) -> float:
+        return (self.share or 0.0) * self.weight + self.extra_cost
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "class": self.klass.value,
+            "subtype": self.subtype,
+            "title": self.title,
+            "share": None if self.share is None else round(self.share, 4),
+            "cost": round(self.cost, 4),
+            "confidence": round(self.confidence, 2),
+            "level": self.level,
+            "evidence": [e.to_json() for e in self.evidence],
+            "fixes": [f.to_json() for f in self.fixes],
+            "skipped_fixes": [s.to_json() for s in self.skipped],
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Finding:
+        """From ``to_json`` or a row of the store's findings table."""
+        share = d.get("share")
+        cost = d.get("cost")
+        weight = 1.0 if not share or cost is None else float(cost) / float(share)
+        return cls(
+            klass=BottleneckClass(d["class"]),
+            subtype=str(d["subtype"]),
+            title=str(d["title"]),
+            share=None if share is None else float(share),
+            confidence=float(d.get("confidence") or 0.0),
+            evidence=[EvidenceItem.from_json(e) for e in d.get("evidence") or []],
+            weight=weight,
+            fixes=[FixAdvice.from_json(f) for f in d.get("fixes") or []],
+            skipped=[SkippedFix(str(s["id"]), str(s["reason"])) for s in d.get("skipped_fixes") or []],
+            level=d.get("level"),
+        )
+
+
+@dataclass
+class JobContext:
+    """What the run is known to have; None = unknown."""
+
+    cuda: bool | None = None
+    vendor: str | None = None  # 'nvidia' | 'amd' | None
+    capability: float | None = None  # CUDA compute capability, e.g. 8.0
+    device_name: str | None = None
+    training: bool | None = None
+    dataloader: bool | None = None
+    conv2d: bool | None = None
+    ddp: bool | None = None
+    dataparallel: bool | None = None
+    cpu_count: int | None = None
+    facts: dict[str, Any] = field(default_factory=dict)  # runs.facts as recorded
+
+    @property
+    def loaders(self) -> list[dict[str, Any]]:
+        return list(self.facts.get("dataloaders") or [])
+
+    @property
+    def model(self) -> dict[str, Any]:
+        return dict(self.facts.get("model") or {})
+
+    @property
+    def optimizer(self) -> dict[str, Any]:
+        return dict(self.facts.get("optimizer") or {})
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return dict(self.facts.get("settings") or {})
+
+
+__all__ = [
+    "BottleneckClass",
+    "JobContext",
+    "EvidenceItem",
+    "Finding",
+    "FixAdvice",
+    "SkippedFix",
+    "class_label",
+]
