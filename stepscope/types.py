@@ -198,7 +198,9 @@ class Finding:
             evidence=[EvidenceItem.from_json(e) for e in d.get("evidence") or []],
             weight=weight,
             fixes=[FixAdvice.from_json(f) for f in d.get("fixes") or []],
-            skipped=[SkippedFix(str(s["id"]), str(s["reason"])) for s in d.get("skipped_fixes") or []],
+            skipped=[
+                SkippedFix(str(s["id"]), str(s["reason"])) for s in d.get("skipped_fixes") or []
+            ],
             level=d.get("level"),
         )
 

@@ -8,7 +8,10 @@ from typing import Any
 
 import pytest
 
+from stepscope import fixes as catalog
 from stepscope.collectors.launcher import launch_run
+from stepscope.fixes.cpu_threads import choose_threads
+from stepscope.fixes.dataloader_workers import choose_num_workers
 from stepscope.optim_runner import plan
 from stepscope.store import RunStore
 
@@ -97,11 +100,11 @@ def test_explicit_fixes_are_checked_against_the_catalog(runs) -> None:
 
 def test_consent_fixes_left_out_of_the_default_choice(runs) -> None:
     with RunStore(runs["home"]) as store:
-        recommended = {r["id"]: r for r in plan.recommended(store, runs["io"])}
-    consent = [i for i, r in recommended.items() if r.get("needs_consent")]
+        recommended = {r.id: r for r in plan.recommended(store, runs["io"])}
+    consent = [i for i, r in recommended.items() if r.needs_consent]
     default = _planned(runs, "io")
     assert not any(i in default for i in consent)
-    assert all(recommended[i]["auto"] for i in default)
+    assert all(recommended[i].auto for i in default)
 
 
 def test_plan_file_and_environment() -> None:
@@ -123,12 +126,12 @@ def test_plan_file_and_environment() -> None:
 
 
 def test_worker_and_thread_counts() -> None:
-    assert plan.choose_num_workers(2, "io") == 4
-    assert plan.choose_num_workers(16, "io") == 8  # capped
-    assert plan.choose_num_workers(2, "cpu") == 2
-    assert plan.choose_num_workers(6, "unknown") == 6
-    assert plan.choose_threads(8, "compute/host_overhead", 0)[0] == 1
-    assert plan.choose_threads(8, "compute/device_compute", 3)[0] == 5
+    assert choose_num_workers(2, "io") == 4
+    assert choose_num_workers(16, "io") == 8  # capped
+    assert choose_num_workers(2, "cpu") == 2
+    assert choose_num_workers(6, "unknown") == 6
+    assert choose_threads(8, "compute/host_overhead", 0)[0] == 1
+    assert choose_threads(8, "compute/device_compute", 3)[0] == 5
 
 
 @pytest.mark.parametrize(
@@ -151,7 +154,7 @@ def test_threads_follow_the_evidence_never_the_jobs_own_count(
     expected: int,
     why: str,
 ) -> None:
-    threads, reason = plan.choose_threads(
+    threads, reason = choose_threads(
         cores, finding, busy, current=current, advised=advised, advised_why="from the diagnosis"
     )
     assert (threads, why in reason) == (expected, True)
@@ -168,14 +171,12 @@ def test_threads_follow_the_evidence_never_the_jobs_own_count(
 )
 def test_nothing_to_try_is_refused(cores: int, finding: str, busy: int, current: int) -> None:
     with pytest.raises(ValueError, match="nothing to try"):
-        plan.choose_threads(cores, finding, busy, current=current)
+        choose_threads(cores, finding, busy, current=current)
 
 
 def test_every_fix_that_changes_numerics_needs_consent(runs) -> None:
     """bf16 autocast ran in every default experiment although the catalog marked it
     "numerics: changes" and --help said such fixes need --allow-numerics."""
-    from stepscope import fixes as catalog
-
     for fix in catalog.FIXES.values():
         assert fix.needs_consent == (fix.auto and fix.changes_numerics), fix.id
     assert catalog.get("bf16_autocast").needs_consent and catalog.get("tf32").needs_consent

@@ -1,31 +1,76 @@
-"""The catalog of fixes: one declarative ``Fix`` per optimisation, grouped by area.
+"""The fixes: one module per optimisation, each holding everything about it.
 
-The diagnosis (``analyzers/recommend.py``) picks entries from here for each finding,
-and the experiment runner applies the ``auto`` ones inside the job. An entry states
-what it addresses, what it needs (``requires``: names checked by ``requirements``
-against what the run is known to have) and how to tell that it is already in effect,
-so that advice is never given to a job that cannot take it or already has it.
+A fix module declares one ``Fix`` (``base.py``): what it addresses, what it requires,
+whether it changes numerics, how to tell it is in effect, its predicted gain and its
+sources, and the hooks through which the analyzers (``advise``), the plan
+(``choose_params``), the in-job installer (``install.py``) and the experiment
+(``took_effect``) use it. This module is the catalog: the list of those modules, in the
+order advice is given (most direct first, by area: input pipeline, precision, compute,
+memory, distributed). Adding a fix is one new module, listed here, plus its test.
 
 Typical gains are quoted only with their source; where none is quoted the prediction
-is the Amdahl bound from the finding's share alone (see ``recommend.predict``).
+is the Amdahl bound from the finding's share alone (``analyzers.recommend.predict``).
 """
 
 from __future__ import annotations
 
 from stepscope.fixes import (
-    compute,
-    distributed,
-    input_pipeline,
-    memory,
-    precision,
+    avoid_syncs,
+    bf16_autocast,
+    channels_last,
+    cpu_threads,
+    cudnn_benchmark,
+    dataloader_workers,
+    dataparallel_to_ddp,
+    ddp_bf16_compression,
+    ddp_bucket_cap,
+    ddp_gradient_as_bucket_view,
+    ddp_static_graph,
+    expandable_segments,
+    fp16_grad_scaler,
+    fused_optimizer,
+    gradient_checkpointing,
+    larger_batch,
+    non_blocking_copies,
+    persistent_workers,
+    pin_memory,
+    prefetch_factor,
+    tf32,
+    torch_compile,
 )
 from stepscope.fixes.base import Fix, Typical
 
-FIXES: dict[str, Fix] = {
-    fix.id: fix
-    for module in (input_pipeline, precision, compute, memory, distributed)
-    for fix in module.FIXES
-}
+MODULES = (
+    # input pipeline and host-to-device copies
+    dataloader_workers,
+    persistent_workers,
+    prefetch_factor,
+    pin_memory,
+    non_blocking_copies,
+    # lower-precision arithmetic
+    bf16_autocast,
+    fp16_grad_scaler,
+    tf32,
+    # compute and host overhead
+    torch_compile,
+    cudnn_benchmark,
+    channels_last,
+    fused_optimizer,
+    cpu_threads,
+    larger_batch,
+    avoid_syncs,
+    # device memory capacity
+    expandable_segments,
+    gradient_checkpointing,
+    # collective communication
+    ddp_bucket_cap,
+    ddp_gradient_as_bucket_view,
+    ddp_static_graph,
+    ddp_bf16_compression,
+    dataparallel_to_ddp,
+)
+
+FIXES: dict[str, Fix] = {module.FIX.id: module.FIX for module in MODULES}
 
 
 def get(fix_id: str) -> Fix:
@@ -42,4 +87,4 @@ def for_problem(klass: str, subtype: str) -> list[Fix]:
     return [fix for fix in FIXES.values() if key in fix.addresses]
 
 
-__all__ = ["FIXES", "Fix", "Typical", "for_problem", "get"]
+__all__ = ["FIXES", "MODULES", "Fix", "Typical", "for_problem", "get"]

@@ -1,20 +1,32 @@
-"""The shape of a catalog entry and the job context its checks read.
+"""A fix: everything stepscope knows about one optimisation, in one object.
 
-``JobContext`` is what is known about the job, from the most direct source available:
-the settings the job itself reported (``runs.facts``, written by
-``collectors/job_facts.py``), its device facts, or, for a bare trace file, what the
-trace shows. Each field may be ``None``: unknown. A requirement that is unknown does
-not rule a fix out (a trace file cannot say whether the job used a DataLoader), but it
-lowers the recommendation's confidence; one that is known to be unmet always does.
+Each fix module (``fixes/<id>.py``) declares one ``Fix``: what it addresses in the
+taxonomy, what it requires of the job, whether it changes numerics, how to tell it is
+already in effect, its predicted gain (``removes``, ``typical``), and the hooks the layers
+above call instead of switching on its id:
+
+* ``advise`` (analyzers, ``recommend``): refine the advice for one finding from the
+  evidence (the thread count to try; only the syncs' own time can be won back);
+* ``choose_params`` (optim_runner, ``plan``): its parameters for this run, with why;
+* the in-job hooks (``install.py``): ``set_global``, ``on_loader``, ``on_model``,
+  ``ddp_kwargs``/``after_ddp``, ``patch``; or ``env`` for a fix the runner applies
+  through the job's environment;
+* ``took_effect`` (optim_runner, ``experiment``): did the trial's job show it?
+
+Hooks receive the analyzers' evidence and the plan's context as plain objects (typed
+``Any``, their attributes named in each hook's docstring): the fixes sit below both
+layers and import neither.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from stepscope.types import JobContext
+from stepscope.fixes.points import Change, LoaderCall, ModelCall
+from stepscope.fixes.requirements import MUST_BE_SEEN, REQUIREMENTS
+from stepscope.types import Finding, JobContext
 
 
 @dataclass(frozen=True)
@@ -26,83 +38,30 @@ class Typical:
     source: str
 
 
-def _all_loaders(ctx: JobContext, test: Callable[[dict[str, Any]], bool]) -> bool | None:
-    """True when every recorded loader passes; None when no loader was recorded."""
-    loaders = ctx.loaders
-    if not loaders:
-        return None
-    return all(test(loader) for loader in loaders)
-
-
-def _tensor_cores_bf16(ctx: JobContext) -> bool | None:
-    if ctx.cuda is False:
-        return False
-    if ctx.vendor == "amd":
-        name = (ctx.device_name or "").upper()
-        return True if ("MI2" in name or "MI3" in name) else None
-    if ctx.capability is None:
-        return None
-    return ctx.capability >= 8.0
-
-
-def _fast_bf16(ctx: JobContext) -> bool | None:
-    """Tensor Cores on a GPU; on a CPU job, native bf16 in oneDNN (AVX512-BF16 or AMX),
-    as the job itself reported it. A CPU nobody asked (a bare trace) counts as without:
-    emulated bf16 is several times slower than float32."""
-    if ctx.cuda is False:
-        return bool(ctx.settings.get("cpu_bf16"))
-    return _tensor_cores_bf16(ctx)
-
-
-def _tf32(ctx: JobContext) -> bool | None:
-    if ctx.cuda is False or ctx.vendor == "amd":
-        return False
-    return None if ctx.capability is None else ctx.capability >= 8.0
-
-
-def _cuda(ctx: JobContext) -> bool | None:
-    return ctx.cuda
-
-
-def _supports_fused(ctx: JobContext) -> bool | None:
-    opt = ctx.optimizer
-    if not opt:
-        if ctx.facts:  # the job reported itself and stepped no torch.optim optimizer
-            return False
-        return ctx.training  # a bare trace: unknown
-    return bool(opt.get("supports_fused")) or opt.get("foreach") is not None
-
-
-# Requirement name -> check. The names are what a Fix lists in ``requires``.
-REQUIREMENTS: dict[str, Callable[[JobContext], bool | None]] = {
-    "cuda": _cuda,
-    "bf16_tensor_cores": _tensor_cores_bf16,  # Ampere+ (sm80) or AMD CDNA2+ (MI200/MI300)
-    "fast_bf16": _fast_bf16,  # those GPUs, or a CPU with AVX512-BF16 / AMX
-    "tf32": _tf32,  # NVIDIA Ampere+ only
-    "training": lambda c: c.training,
-    "dataloader": lambda c: c.dataloader,
-    "workers": lambda c: (
-        _all_loaders(c, lambda ld: ld.get("num_workers", 0) > 0)
-        if c.dataloader is not False
-        else False
-    ),
-    "conv2d": lambda c: c.conv2d,
-    "ddp": lambda c: c.ddp,
-    "dataparallel": lambda c: c.dataparallel,
-    "fusable_optimizer": _supports_fused,
-    "multi_core": lambda c: None if c.cpu_count is None else c.cpu_count > 1,
-    "cpu_only": lambda c: None if c.cuda is None else not c.cuda,
-}
-
-
-# A specific set-up must have been seen to advise on it: "replace DataParallel" to a
-# job nobody saw use DataParallel is noise. Generic ones (CUDA, a DataLoader) may be
-# unknown: the advice then says which requirement it could not check.
-MUST_BE_SEEN = frozenset({"ddp", "dataparallel"})
-
-
 def _never(ctx: JobContext) -> bool | None:
     return None
+
+
+@dataclass(frozen=True)
+class Advice:
+    """What ``Fix.advise`` makes of one finding: the share the fix can act on (None: the
+    finding's), values to try, and the evidence for them."""
+
+    share: float | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    evidence: str | None = None
+    snippet: str | None = None
+
+
+# The hooks' shapes (see the module docstring; the points are in ``points.py``).
+AdviseHook = Callable[[Finding, Any], "Advice | str"]  # (finding, evidence) -> advice or why not
+ParamsHook = Callable[[Any, "str | None"], tuple[dict[str, Any], str]]  # (plan ctx, finding)
+GlobalHook = Callable[[Any, dict[str, Any]], Change]  # (torch, params)
+LoaderHook = Callable[[LoaderCall, dict[str, Any]], None]
+ModelHook = Callable[[ModelCall, dict[str, Any]], None]
+DdpKwargsHook = Callable[[dict[str, Any]], dict[str, Any]]
+AfterDdpHook = Callable[[Any, dict[str, Any]], Change]  # (the DDP module, params)
+PatchHook = Callable[[Any, Any, dict[str, Any]], None]  # (installer, torch, params)
 
 
 @dataclass(frozen=True)
@@ -123,6 +82,18 @@ class Fix:
     removes: float = 1.0  # largest fraction of the finding's share it can remove
     # Compiles at its first steps (torch.compile): a trial's time limit allows for it.
     slow_start: bool = False
+    # What it changes in the job, for "the job never created ..." when it did nothing.
+    target: str = "what this fix changes"
+    needs: str | None = None  # a fix it acts through (prefetching needs workers)
+    env: tuple[str, str] | None = None  # (variable, option): applied by the runner
+    advise: AdviseHook | None = None
+    choose_params: ParamsHook | None = None
+    set_global: GlobalHook | None = None
+    on_loader: LoaderHook | None = None
+    on_model: ModelHook | None = None
+    ddp_kwargs: DdpKwargsHook | None = None
+    after_ddp: AfterDdpHook | None = None
+    patch: PatchHook | None = None
 
     @property
     def needs_consent(self) -> bool:
@@ -142,3 +113,27 @@ class Fix:
             elif ok is None:
                 unknown.append(name)
         return unmet, unknown
+
+    def params_for(self, ctx: Any, finding: str | None) -> tuple[dict[str, Any], str]:
+        """(parameters for the plan file, why these values); none for most fixes."""
+        return self.choose_params(ctx, finding) if self.choose_params else ({}, "")
+
+    def took_effect(self, entries: list[dict[str, Any]]) -> str | None:
+        """None when the trial's job shows the fix applied; else why not.
+
+        ``entries``: the job's ``config["applied"]`` (``install.py``): one per change,
+        with whether it was applied and whether the object read back showed it. A fix the
+        runner applies through the environment is in effect by construction.
+        """
+        if self.env is not None:
+            return None
+        mine = [e for e in entries if e.get("fix") == self.id]
+        if any(e.get("applied") and e.get("verified") is not False for e in mine):
+            return None
+        refused = [str(e.get("change", "")) for e in mine if not e.get("applied")]
+        unverified = [str(e.get("change", "")) for e in mine if e.get("applied")]
+        if refused:
+            return "; ".join(r.removeprefix("not applied: ") for r in dict.fromkeys(refused))
+        if unverified:
+            return f"set ({unverified[0]}), but the job's object did not show it"
+        return f"the job never created {self.target}"

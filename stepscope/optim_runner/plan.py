@@ -13,18 +13,10 @@ Decisions, and why:
   model computes (bf16 autocast, TF32, a larger batch: ``Fix.needs_consent``) is left
   out unless the user allows numerics to change: a faster but different result is the
   user's call, asked before, not found out from the quality guard afterwards.
-* **DataLoader workers.** A loader whose ``__getitem__`` waits on storage or the network
-  leaves the CPU idle while it waits, so more workers than cores overlap the waits:
-  2x the cores, capped at 8 (beyond that, start-up time and memory grow faster than
-  the overlap). A loader that decodes and augments on the CPU gets one worker per core:
-  more would only time-slice the same cores. Which of the two it is comes from the
-  baseline's samples: the process tree's CPU while the loop waits for data (below).
-* **Prefetch** 4 batches per worker: twice torch's default, enough to absorb latency
-  spikes without holding many batches in memory.
-* **CPU threads.** Tiny ops (host overhead) pay for waking intra-op threads: 1 thread.
-  Otherwise the loader's CPU-busy workers get their cores and the model the rest, and
-  a job with more threads than cores gets one per core. Never the count the job runs
-  already (see ``choose_threads``).
+* **Parameters.** Each fix chooses its own (``Fix.choose_params``: workers in
+  ``fixes/dataloader_workers.py``, threads in ``fixes/cpu_threads.py``, ...) from the
+  context built here (``PlanContext``): the cores the job may use, what its loader waits
+  on (``loader_wait``, below), the settings it reported, the diagnosis's advice.
 * **Seed.** Every arm of an experiment gets the same seed, so that losses can be
   compared step by step by the quality guard.
 """
@@ -33,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,32 +34,15 @@ import pandas as pd
 
 from stepscope import fixes as catalog
 from stepscope.analyzers.diagnosis import diagnose_run
-from stepscope.fixes.input_pipeline import LOADER_BUSY_PERCENT
+from stepscope.fixes.dataloader_workers import LOADER_BUSY_PERCENT, choose_num_workers
 from stepscope.types import FixAdvice
 
-PREFETCH_FACTOR = 4
-IO_WORKERS_PER_CORE = 2
-MAX_WORKERS = 8
-# ... and one that uses less than 60 % of the CPU the model's work gets beside it.
+# A loading process that uses less than 60 % of the CPU the model's work gets beside it
+# is waiting (with LOADER_BUSY_PERCENT: below half a core per loading process).
 WAIT_TO_WORK_RATIO = 0.6
-# Doubling DDP's 25 MB default halves the number of all-reduce calls; latency-bound links
-# (gloo, Ethernet) gain most, and the buckets stay small enough to overlap with backward.
-DDP_BUCKET_CAP_MB = 50
-# Twice the samples per step: enough to halve per-step fixed costs, small enough that
-# the same learning rate usually still trains (the report carries the lr note).
-LARGER_BATCH_FACTOR = 2
 # Regression of CPU on data-wait share needs windows that differ in their wait share.
 MIN_WINDOWS = 4
 MIN_WAIT_SPREAD = 0.05
-
-# Fixes that act on something another fix creates: persistent workers and prefetching
-# mean nothing to a loader without workers. Their ablation arm includes the other fix.
-NEEDS = {"persistent_workers": "dataloader_workers", "prefetch_factor": "dataloader_workers"}
-
-# Fixes applied through the job's environment by the runner, not by the bootstrap: the
-# CUDA allocator reads its configuration once, before the bootstrap could change it.
-ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
-ENV_FIXES = {"expandable_segments": (ALLOC_CONF, "expandable_segments:True")}
 
 
 @dataclass
@@ -157,14 +133,14 @@ def choose_fixes(
                     "(--allow-numerics)"
                 )
     run = store.run(run_id)
-    context = _Context(store, run_id, run, ids)
+    context = PlanContext(store, run_id, run, ids, recs)
     planned = []
     for fix_id in ids:
         fix = catalog.get(fix_id)
         rec = recs.get(fix_id)
         finding = rec.finding if rec else None
-        params, why = choose_params(fix_id, context, finding)
-        needs = NEEDS.get(fix_id)
+        params, why = fix.params_for(context, finding)
+        needs = fix.needs
         planned.append(
             PlannedFix(
                 id=fix_id,
@@ -182,14 +158,23 @@ def choose_fixes(
 
 
 # -- parameters --------------------------------------------------------------------------
-class _Context:
-    """What the parameter choices read about the run, computed once and only if needed."""
+class PlanContext:
+    """What the fixes' parameter choices read about the run (``Fix.choose_params``),
+    computed once and only if needed."""
 
-    def __init__(self, store: Any, run_id: int, run: dict[str, Any], ids: list[str]) -> None:
+    def __init__(
+        self,
+        store: Any,
+        run_id: int,
+        run: dict[str, Any],
+        ids: list[str],
+        recs: dict[str, FixAdvice],
+    ) -> None:
         self.store = store
         self.run_id = run_id
         self.run = run
-        self.ids = ids
+        self.ids = ids  # the fixes of this plan
+        self._recs = recs
         self.cores = job_cores(run)
         loaders = (run.get("facts") or {}).get("dataloaders") or []
         self.loader_workers = max((int(ld.get("num_workers") or 0) for ld in loaders), default=0)
@@ -210,106 +195,9 @@ class _Context:
     def planned_workers(self) -> int:
         return choose_num_workers(self.cores, self.wait.kind)
 
-
-def choose_params(fix_id: str, ctx: _Context, finding: str | None) -> tuple[dict[str, Any], str]:
-    """(parameters for the plan file, why these values) for one fix."""
-    if fix_id == "dataloader_workers":
-        workers = ctx.planned_workers()
-        return {"num_workers": workers}, _workers_why(workers, ctx.cores, ctx.wait)
-    if fix_id == "prefetch_factor":
-        return {"prefetch_factor": PREFETCH_FACTOR}, "twice torch's default of 2 per worker"
-    if fix_id == "cpu_threads":
-        busy = 0
-        if "dataloader_workers" in ctx.ids and ctx.wait.kind != "io":
-            busy = ctx.planned_workers()
-        # what the job runs: its last own reading, else the one at its first step
-        current = ctx.settings.get("threads") or (ctx.run.get("device") or {}).get("threads")
-        # the count the diagnosis's evidence pointed to (analyzers/recommend.thread_advice)
-        rec = next((r for r in recommended(ctx.store, ctx.run_id) if r["id"] == fix_id), {})
-        threads, why = choose_threads(
-            ctx.cores,
-            finding,
-            busy,
-            current=int(current) if current else None,
-            advised=(rec.get("params") or {}).get("threads"),
-            advised_why=rec.get("evidence"),
-        )
-        return {"threads": threads}, why
-    if fix_id == "ddp_bucket_cap":
-        return {"bucket_cap_mb": DDP_BUCKET_CAP_MB}, "twice DDP's 25 MB: half the all-reduces"
-    if fix_id == "bf16_autocast" and ctx.settings.get("cpu_bf16"):
-        return {"cpu": True}, "the CPU runs bf16 natively (AVX512-BF16 or AMX)"
-    if fix_id == "larger_batch":
-        return {"factor": LARGER_BATCH_FACTOR}, "twice the samples per step"
-    return {}, ""
-
-
-def choose_num_workers(cores: int, wait_kind: str) -> int:
-    """Workers for a loader: overlap waits (2x cores, max 8), or one per core for CPU work."""
-    cores = max(1, cores)
-    if wait_kind == "io":
-        return min(MAX_WORKERS, IO_WORKERS_PER_CORE * cores)
-    return min(MAX_WORKERS, cores)
-
-
-def choose_threads(
-    cores: int,
-    finding: str | None,
-    busy_workers: int,
-    current: int | None = None,
-    advised: int | None = None,
-    advised_why: str | None = None,
-) -> tuple[int, str]:
-    """Intra-op threads to try: the count the evidence points to, never the job's own.
-
-    ``current``: the threads the job runs; ``advised``: the count the diagnosis's
-    evidence gave (``analyzers.recommend.thread_advice``). In order: tiny ops (host
-    overhead) -> 1; CPU-busy DataLoader workers beside the threads, together more than
-    the cores -> the cores they leave; more threads than cores -> one per core; the
-    diagnosis's advice; a job using fewer threads than cores (an explicit choice: the
-    diagnosis does not offer it) -> one per core. Trying 1 thread or half the cores
-    without such evidence only ever measured slower (0.62-0.87x), so when nothing points
-    at a count other than the job's own this is a ValueError: an explicit choice with
-    nothing to try (the diagnosis offers cpu_threads only with evidence).
-    """
-    cores = max(1, cores)
-    if finding == "compute/host_overhead":
-        if current == 1:
-            raise ValueError(
-                "cpu_threads: nothing to try: tiny ops want 1 intra-op thread, and the job "
-                "already runs 1"
-            )
-        return 1, "tiny ops: waking intra-op threads costs more than they give"
-    free = max(1, cores - busy_workers)
-    if busy_workers and (current is None or current + busy_workers > cores):
-        if free == current:
-            raise ValueError(
-                f"cpu_threads: nothing to try: the job already runs {current} intra-op "
-                f"threads, what {busy_workers} CPU-busy DataLoader workers leave of {cores} cores"
-            )
-        return free, f"{cores} cores minus {busy_workers} CPU-busy DataLoader workers"
-    if current is not None and current > cores:
-        return (
-            cores,
-            f"the job runs {current} threads on {cores} cores (oversubscribed): one per core",
-        )
-    if advised is not None and advised != current:
-        return int(advised), advised_why or "the diagnosis's evidence"
-    if current is None or current < cores:
-        known = "its thread count was not recorded" if current is None else f"it runs {current}"
-        return cores, f"one per core ({cores}): {known} (measured, not predicted)"
-    raise ValueError(
-        f"cpu_threads: nothing to try: the job already runs {current} intra-op threads on "
-        f"{cores} cores, and no evidence points at another count"
-    )
-
-
-def _workers_why(workers: int, cores: int, wait: LoaderWait) -> str:
-    if wait.kind == "io":
-        return f"{workers} = 2 x {cores} cores (max {MAX_WORKERS}): {wait.basis}"
-    if wait.kind == "cpu":
-        return f"{workers} = one per core: {wait.basis}"
-    return f"{workers} = one per core ({wait.basis})"
+    def advice(self, fix_id: str) -> FixAdvice | None:
+        """The diagnosis's advice for this fix (its values to try), if it gave one."""
+        return self._recs.get(fix_id)
 
 
 def job_cores(run: dict[str, Any]) -> int:
@@ -319,8 +207,6 @@ def job_cores(run: dict[str, Any]) -> int:
     for value in (env.get("cpu_affinity"), device.get("cpu_count"), env.get("cpu_count")):
         if value:
             return int(value)
-    import os
-
     return os.cpu_count() or 1
 
 
@@ -404,7 +290,7 @@ def plan_document(
     applied through the environment are left out: the bootstrap cannot apply them.
     """
     return {
-        "fixes": {f.id: dict(f.params) for f in fixes if f.id not in ENV_FIXES},
+        "fixes": {f.id: dict(f.params) for f in fixes if catalog.get(f.id).env is None},
         "override_explicit": override_explicit,
         "seed": seed,
     }
@@ -419,9 +305,10 @@ def plan_env(fixes: list[PlannedFix], base: dict[str, str] | None = None) -> dic
     base = base or {}
     env: dict[str, str] = {}
     for fix in fixes:
-        if fix.id not in ENV_FIXES:
+        env_fix = catalog.get(fix.id).env
+        if env_fix is None:
             continue
-        name, option = ENV_FIXES[fix.id]
+        name, option = env_fix
         current = env.get(name, base.get(name, ""))
         key = option.split(":")[0]
         kept = [o for o in current.split(",") if o and o.split(":")[0] != key]
@@ -431,10 +318,9 @@ def plan_env(fixes: list[PlannedFix], base: dict[str, str] | None = None) -> dic
 
 __all__ = [
     "LoaderWait",
+    "PlanContext",
     "PlannedFix",
     "choose_fixes",
-    "choose_num_workers",
-    "choose_threads",
     "loader_wait",
     "plan_document",
     "plan_env",

@@ -1,0 +1,89 @@
+"""What a fix may need of the job, checked against what is known about it.
+
+A requirement is a name a fix lists in ``requires``; its check reads the ``JobContext``
+and answers True, False or None (unknown). A requirement that is unknown does not rule
+a fix out (a trace file cannot say whether the job used a DataLoader), but it lowers the
+recommendation's confidence; one that is known to be unmet always does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from stepscope.types import JobContext
+
+
+def all_loaders(ctx: JobContext, test: Callable[[dict[str, Any]], bool]) -> bool | None:
+    """True when every recorded loader passes; None when no loader was recorded."""
+    loaders = ctx.loaders
+    if not loaders:
+        return None
+    return all(test(loader) for loader in loaders)
+
+
+def _tensor_cores_bf16(ctx: JobContext) -> bool | None:
+    if ctx.cuda is False:
+        return False
+    if ctx.vendor == "amd":
+        name = (ctx.device_name or "").upper()
+        return True if ("MI2" in name or "MI3" in name) else None
+    if ctx.capability is None:
+        return None
+    return ctx.capability >= 8.0
+
+
+def _fast_bf16(ctx: JobContext) -> bool | None:
+    """Tensor Cores on a GPU; on a CPU job, native bf16 in oneDNN (AVX512-BF16 or AMX),
+    as the job itself reported it. A CPU nobody asked (a bare trace) counts as without:
+    emulated bf16 is several times slower than float32."""
+    if ctx.cuda is False:
+        return bool(ctx.settings.get("cpu_bf16"))
+    return _tensor_cores_bf16(ctx)
+
+
+def _tf32(ctx: JobContext) -> bool | None:
+    if ctx.cuda is False or ctx.vendor == "amd":
+        return False
+    return None if ctx.capability is None else ctx.capability >= 8.0
+
+
+def _cuda(ctx: JobContext) -> bool | None:
+    return ctx.cuda
+
+
+def _supports_fused(ctx: JobContext) -> bool | None:
+    opt = ctx.optimizer
+    if not opt:
+        if ctx.facts:  # the job reported itself and stepped no torch.optim optimizer
+            return False
+        return ctx.training  # a bare trace: unknown
+    return bool(opt.get("supports_fused")) or opt.get("foreach") is not None
+
+
+# Requirement name -> check. The names are what a Fix lists in ``requires``.
+REQUIREMENTS: dict[str, Callable[[JobContext], bool | None]] = {
+    "cuda": _cuda,
+    "bf16_tensor_cores": _tensor_cores_bf16,  # Ampere+ (sm80) or AMD CDNA2+ (MI200/MI300)
+    "fast_bf16": _fast_bf16,  # those GPUs, or a CPU with AVX512-BF16 / AMX
+    "tf32": _tf32,  # NVIDIA Ampere+ only
+    "training": lambda c: c.training,
+    "dataloader": lambda c: c.dataloader,
+    "workers": lambda c: (
+        all_loaders(c, lambda ld: ld.get("num_workers", 0) > 0)
+        if c.dataloader is not False
+        else False
+    ),
+    "conv2d": lambda c: c.conv2d,
+    "ddp": lambda c: c.ddp,
+    "dataparallel": lambda c: c.dataparallel,
+    "fusable_optimizer": _supports_fused,
+    "multi_core": lambda c: None if c.cpu_count is None else c.cpu_count > 1,
+    "cpu_only": lambda c: None if c.cuda is None else not c.cuda,
+}
+
+
+# A specific set-up must have been seen to advise on it: "replace DataParallel" to a
+# job nobody saw use DataParallel is noise. Generic ones (CUDA, a DataLoader) may be
+# unknown: the advice then says which requirement it could not check.
+MUST_BE_SEEN = frozenset({"ddp", "dataparallel"})

@@ -1,0 +1,48 @@
+"""Compile the model's forward (``torch.compile``): the first steps pay for compilation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stepscope.fixes.base import Fix, Typical
+from stepscope.fixes.points import Change, ModelCall
+from stepscope.types import JobContext
+
+
+def _compiled(ctx: JobContext) -> bool | None:
+    return ctx.model.get("compiled") if ctx.model else None
+
+
+def _on_model(call: ModelCall, params: dict[str, Any]) -> None:
+    # the inner model: DDP's own forward (bucketing, hooks) stays eager
+    call.inner.forward = call.torch.compile(call.inner.forward)
+    call.record(
+        Change(
+            f"torch.compile({type(call.inner).__name__}.forward)",
+            verified=hasattr(call.inner.forward, "_torchdynamo_orig_callable"),
+        )
+    )
+
+
+FIX = Fix(
+    id="torch_compile",
+    title="Compile the model (torch.compile)",
+    addresses=("compute/host_overhead", "memory/bandwidth", "compute/device_compute"),
+    requires=(),
+    changes_numerics=False,
+    auto=True,
+    why="fuses chains of pointwise ops into one kernel (fewer memory round trips) "
+    "and removes per-op Python and dispatch overhead; the first steps pay for the "
+    "compilation",
+    snippet="model = torch.compile(model)",
+    typical=Typical(
+        1.1,
+        1.4,
+        "PyTorch 2.0 announcement: 1.43x mean training speed-up over 163 models on "
+        "A100 with AMP, less in float32; on a small CPU it can be slower (measure)",
+    ),
+    in_effect=_compiled,
+    slow_start=True,
+    target="a model called at top level",
+    on_model=_on_model,
+)
