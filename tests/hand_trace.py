@@ -14,7 +14,8 @@ import numpy as np
 import pandas as pd
 from traces import trace_path
 
-from stepscope.analyzers.trace_load import CATEGORIES, DEVICE_CATEGORIES, Trace
+from stepscope.analyzers.trace_columns import CATEGORIES, DEVICE_CATEGORIES
+from stepscope.analyzers.trace_load import Trace
 
 US = 1000  # ns
 

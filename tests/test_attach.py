@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from stepscope.analyzers.diagnosis import INPUT_HIGH
+from stepscope.analyzers.thresholds import INPUT_HIGH
 from stepscope.store import RunStore
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -126,7 +126,7 @@ def test_attached_example_gets_its_verdict_from_stacks(
         assert run["config"]["attached_pid"] == proc.pid
         assert run["device"]["seen_from"] == "attach" and "device_name" not in run["device"]
         assert len(store.samples(result["run_id"])) > 0  # psutil beside the stacks
-        assert store.findings(result["run_id"])[0]["subtype"] == verdict[1]
+        assert store.findings(result["run_id"])[0].subtype == verdict[1]
         assert store.stack_samples(result["run_id"])["samples"].sum() == result["stack_samples"]
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from stepscope.collectors.control import CapturePoller, capture_request_path, request_capture
-from stepscope.collectors.step_timer import AFTER_CAPTURE_STEPS
+from stepscope.collectors.step_accounting import AFTER_CAPTURE_STEPS
 from stepscope.store import RunStore
 
 _spec = importlib.util.spec_from_file_location(

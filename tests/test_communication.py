@@ -9,6 +9,7 @@ import pytest
 from hand_trace import US, ev, launch, make_trace, shared_trace
 
 from stepscope.analyzers.communication import communication_summary
+from stepscope.analyzers.trace_load import load_trace
 
 REFERENCE = Path(__file__).parent / "reference" / "hta_reference.json"
 NCCL = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)"
@@ -76,8 +77,6 @@ def test_cpu_only_uses_host_collectives():
 
 
 def test_real_cpu_only_trace():
-    from stepscope.analyzers.trace_load import load_trace
-
     out = communication_summary(load_trace(shared_trace("cpu_only_rank34.pt.trace.json.gz")))
     assert out["basis"] == {34: "cpu"}
     assert 0.5 < out["share"] <= 1.0
@@ -85,8 +84,6 @@ def test_real_cpu_only_trace():
 
 @pytest.mark.parametrize("job", ["a100_nccl", "sampled_2ranks"])
 def test_overlap_agrees_with_hta_within_1pp(job):
-    from stepscope.analyzers.trace_load import load_trace
-
     ref = json.loads(REFERENCE.read_text())["jobs"][job]
     out = communication_summary(load_trace([shared_trace(f) for f in ref["files"]]))
     for row in ref["comm_comp_overlap"]:
@@ -95,8 +92,6 @@ def test_overlap_agrees_with_hta_within_1pp(job):
 
 
 def test_two_rank_pair_skew():
-    from stepscope.analyzers.trace_load import load_trace
-
     files = [shared_trace(f"sampled_2ranks_rank-{r}.json.gz") for r in (0, 1)]
     out = communication_summary(load_trace(files))
     skew = out["skew"]

@@ -4,6 +4,7 @@ that was never started under stepscope."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -15,14 +16,25 @@ import pandas as pd
 import pytest
 from traces import trace_path
 
-from stepscope.analyzers import diagnosis as dx
-from stepscope.analyzers.diagnosis import diagnose, diagnose_report, diagnose_run
-from stepscope.analyzers.evidence import Evidence, system_summary
-from stepscope.analyzers.trace_report import TraceReport, analyze_trace
 from stepscope import fixes as catalog
-from stepscope.types import JobContext
+from stepscope.analyzers import diagnosis as dx
+from stepscope.analyzers import thresholds as th
+from stepscope.analyzers.diagnosis import diagnose, diagnose_report, diagnose_run
+from stepscope.analyzers.evidence import Evidence, gather, system_summary
+from stepscope.analyzers.recommend import predict
+from stepscope.analyzers.rules_communication import collectives, host_device
+from stepscope.analyzers.rules_compute import device_compute, host_overhead
+from stepscope.analyzers.rules_io import input_pipeline, storage, waiting_process
+from stepscope.analyzers.rules_memory import memory_bandwidth, memory_capacity
+from stepscope.analyzers.syncs import host_device_syncs
+from stepscope.analyzers.trace_load import load_trace
+from stepscope.analyzers.trace_report import TraceReport, analyze_trace
+from stepscope.collectors.launcher import launch_run
+from stepscope.collectors.system_sampler import run_sampler
+from stepscope.fixes.requirements import REQUIREMENTS
 from stepscope.optim_runner.plan import choose_fixes
 from stepscope.store import RunStore
+from stepscope.types import Finding, FixAdvice, JobContext
 
 CPU_JOB = JobContext(cuda=False, training=True, dataloader=True, cpu_count=2)
 A100_JOB = JobContext(
@@ -96,36 +108,36 @@ def evidence(ctx: JobContext = CPU_JOB, **kw) -> Evidence:
 
 # -- rules on both sides of their thresholds ------------------------------------------
 @pytest.mark.parametrize(
-    ("share", "found"), [(dx.INPUT_MIN - 0.001, False), (dx.INPUT_MIN + 0.001, True)]
+    ("share", "found"), [(th.INPUT_MIN - 0.001, False), (th.INPUT_MIN + 0.001, True)]
 )
 def test_input_pipeline_threshold(share: float, found: bool) -> None:
-    f = dx.input_pipeline(evidence(steps={"data_wait_share": share}))
+    f = input_pipeline(evidence(steps={"data_wait_share": share}))
     assert (f is not None) is found
     if found:
         assert f.confidence < 0.9  # moderately input-bound
-    high = dx.input_pipeline(evidence(steps={"data_wait_share": dx.INPUT_HIGH + 0.01}))
+    high = input_pipeline(evidence(steps={"data_wait_share": th.INPUT_HIGH + 0.01}))
     assert high.confidence == 0.9 and "highly" in high.title
 
 
 @pytest.mark.parametrize(
-    ("iowait", "found"), [(dx.IOWAIT_HIGH - 1, False), (dx.IOWAIT_HIGH + 1, True)]
+    ("iowait", "found"), [(th.IOWAIT_HIGH - 1, False), (th.IOWAIT_HIGH + 1, True)]
 )
 def test_storage_threshold(iowait: float, found: bool) -> None:
     ev = evidence(steps={"data_wait_share": 0.4}, system={"system.iowait_percent.mean": iowait})
-    assert (dx.storage(ev) is not None) is found
+    assert (storage(ev) is not None) is found
     # a busy disk that the loop does not wait for is someone else's problem
     ev = evidence(steps={"data_wait_share": 0.01}, system={"system.iowait_percent.mean": 50.0})
-    assert dx.storage(ev) is None
+    assert storage(ev) is None
 
 
 @pytest.mark.parametrize(
-    ("util", "found"), [(dx.GPU_UTIL_LOW + 0.01, False), (dx.GPU_UTIL_LOW - 0.01, True)]
+    ("util", "found"), [(th.GPU_UTIL_LOW + 0.01, False), (th.GPU_UTIL_LOW - 0.01, True)]
 )
 def test_host_overhead_gpu_threshold(util: float, found: bool) -> None:
     r = report(
         breakdown={"Kernel": util, "CPU Exec": 1 - util}, gpu_util=util, kernels={"gemm_conv": util}
     )
-    f = dx.host_overhead(evidence(A100_JOB, trace=r))
+    f = host_overhead(evidence(A100_JOB, trace=r))
     assert (f is not None) is found
     if found:
         assert f.share == pytest.approx(1 - util)
@@ -138,12 +150,12 @@ def test_host_overhead_cpu_threshold(framework: float, found: bool) -> None:
         device=False,
         ops={"aten::view": framework, "aten::addmm": 1 - framework},
     )
-    f = dx.host_overhead(evidence(trace=r))
+    f = host_overhead(evidence(trace=r))
     assert (f is not None) is found
 
 
 @pytest.mark.parametrize(
-    ("gemm", "found"), [(dx.KERNEL_MIN - 0.01, False), (dx.KERNEL_MIN + 0.01, True)]
+    ("gemm", "found"), [(th.KERNEL_MIN - 0.01, False), (th.KERNEL_MIN + 0.01, True)]
 )
 def test_device_compute_threshold(gemm: float, found: bool) -> None:
     r = report(
@@ -151,14 +163,14 @@ def test_device_compute_threshold(gemm: float, found: bool) -> None:
         gpu_util=0.9,
         kernels={"gemm_conv": gemm, "elementwise": 0.9 - gemm},
     )
-    f = dx.device_compute(evidence(A100_JOB, trace=r))
+    f = device_compute(evidence(A100_JOB, trace=r))
     assert (f is not None) is found
 
 
-@pytest.mark.parametrize(("tc", "unused"), [(dx.TENSOR_CORE_MIN + 0.01, False), (0.0, True)])
+@pytest.mark.parametrize(("tc", "unused"), [(th.TENSOR_CORE_MIN + 0.01, False), (0.0, True)])
 def test_tensor_cores_unused(tc: float, unused: bool) -> None:
     r = report(breakdown={"Kernel": 0.9}, gpu_util=0.9, tensor_cores=tc, kernels={"gemm_conv": 0.8})
-    f = dx.device_compute(evidence(A100_JOB, trace=r))
+    f = device_compute(evidence(A100_JOB, trace=r))
     assert ("without Tensor Cores" in f.title) is unused
 
 
@@ -169,11 +181,11 @@ def test_memory_bandwidth_threshold(pointwise: float, found: bool) -> None:
         device=False,
         ops={"aten::mul": pointwise, "aten::mm": 1 - pointwise},
     )
-    assert (dx.memory_bandwidth(evidence(trace=r)) is not None) is found
+    assert (memory_bandwidth(evidence(trace=r)) is not None) is found
 
 
 @pytest.mark.parametrize(
-    ("peak", "found"), [(dx.CAPACITY_HIGH - 0.01, False), (dx.CAPACITY_HIGH + 0.01, True)]
+    ("peak", "found"), [(th.CAPACITY_HIGH - 0.01, False), (th.CAPACITY_HIGH + 0.01, True)]
 )
 def test_memory_capacity_threshold(peak: float, found: bool) -> None:
     r = report(
@@ -183,7 +195,7 @@ def test_memory_capacity_threshold(peak: float, found: bool) -> None:
             "cuda:0": {"peak_share": peak, "peak_allocated_bytes": 1, "peak_reserved_bytes": 1}
         },
     )
-    assert (dx.memory_capacity(evidence(A100_JOB, trace=r)) is not None) is found
+    assert (memory_capacity(evidence(A100_JOB, trace=r)) is not None) is found
 
 
 def test_an_oom_is_a_capacity_finding_first() -> None:
@@ -194,11 +206,11 @@ def test_an_oom_is_a_capacity_finding_first() -> None:
     )
     d = diagnose(ev)
     assert (d.findings[0].klass, d.findings[0].subtype) == ("memory", "capacity")
-    assert "expandable_segments" in {f["id"] for f in d.findings[0].fixes}
+    assert "expandable_segments" in {f.id for f in d.findings[0].fixes}
 
 
 @pytest.mark.parametrize(
-    ("share", "found"), [(dx.COMM_MIN - 0.001, False), (dx.COMM_MIN + 0.001, True)]
+    ("share", "found"), [(th.COMM_MIN - 0.001, False), (th.COMM_MIN + 0.001, True)]
 )
 def test_collectives_threshold(share: float, found: bool) -> None:
     r = report(
@@ -206,7 +218,7 @@ def test_collectives_threshold(share: float, found: bool) -> None:
         gpu_util=0.5,
         comm={"share": share, "overlap": 0.2},
     )
-    assert (dx.collectives(evidence(A100_JOB, trace=r)) is not None) is found
+    assert (collectives(evidence(A100_JOB, trace=r)) is not None) is found
 
 
 def test_host_device_counts_syncs_only_when_the_gpu_starves() -> None:
@@ -214,25 +226,25 @@ def test_host_device_counts_syncs_only_when_the_gpu_starves() -> None:
         [{"call": "cudaStreamSynchronize", "op": "aten::item", "count": 50, "total_ns": 20e6}]
     )
     idle = report(breakdown={"Kernel": 0.3, "CPU Exec": 0.7}, gpu_util=0.3, syncs=syncs)
-    f = dx.host_device(evidence(A100_JOB, trace=idle))
+    f = host_device(evidence(A100_JOB, trace=idle))
     assert f is not None and f.share == pytest.approx(0.2)
-    assert any("aten::item" in e["text"] for e in f.evidence)
+    assert any("aten::item" in e.text for e in f.evidence)
     busy = report(breakdown={"Kernel": 0.95, "CPU Exec": 0.05}, gpu_util=0.95, syncs=syncs)
-    assert dx.host_device(evidence(A100_JOB, trace=busy)) is None
+    assert host_device(evidence(A100_JOB, trace=busy)) is None
 
 
 @pytest.mark.parametrize(
-    ("cpu", "found"), [(dx.WAITING_CPU_PERCENT + 5, False), (dx.WAITING_CPU_PERCENT - 5, True)]
+    ("cpu", "found"), [(th.WAITING_CPU_PERCENT + 5, False), (th.WAITING_CPU_PERCENT - 5, True)]
 )
 def test_waiting_process_threshold(cpu: float, found: bool) -> None:
     ev = evidence(system={"proc.cpu_percent.mean": cpu})
-    assert (dx.waiting_process(ev) is not None) is found
+    assert (waiting_process(ev) is not None) is found
 
 
 # -- recommendations -------------------------------------------------------------------
 def _fix_ids(ev: Evidence, subtype: str) -> tuple[set[str], dict[str, str]]:
     f = next(f for f in diagnose(ev).findings if f.subtype == subtype)
-    return {x["id"] for x in f.fixes}, {s["id"]: s["reason"] for s in f.skipped}
+    return {x.id for x in f.fixes}, {s.id: s.reason for s in f.skipped}
 
 
 def test_no_gpu_advice_for_a_cpu_job_and_no_tf32_before_ampere() -> None:
@@ -282,8 +294,6 @@ def test_a_fix_in_effect_is_not_recommended_again() -> None:
 
 def test_predicted_gain_is_the_amdahl_bound() -> None:
     pred, basis = catalog.get("dataloader_workers"), None
-    from stepscope.analyzers.recommend import predict
-
     bound, basis = predict(pred, 0.30)
     assert bound == pytest.approx(1 / 0.7, abs=0.01) and "Amdahl" in basis
     amp, _ = predict(catalog.get("bf16_autocast"), 0.5)  # half the step, at most 2x faster
@@ -292,8 +302,6 @@ def test_predicted_gain_is_the_amdahl_bound() -> None:
 
 
 def test_catalog_entries_are_complete() -> None:
-    from stepscope.fixes.base import REQUIREMENTS
-
     required = {
         "dataloader_workers",
         "pin_memory",
@@ -365,7 +373,7 @@ def test_resnet_num_workers_4_has_no_input_finding() -> None:
 def test_nccl_traces_get_a_communication_finding(names: tuple[str, ...]) -> None:
     findings = _diagnose_trace(*names)
     comm = next(f for f in findings if f["subtype"] == "collectives")
-    assert comm["class"] == "communication" and comm["share"] > dx.COMM_MIN
+    assert comm["class"] == "communication" and comm["share"] > th.COMM_MIN
     assert any(e["text"].startswith("overlap with compute") for e in comm["evidence"])
 
 
@@ -381,8 +389,6 @@ def test_cpu_only_and_amd_traces_get_a_verdict() -> None:
 # -- samples only: a process stepscope did not start ------------------------------------
 def _attach_samples(store: RunStore, command: list[str], seconds: float) -> int:
     """Start a plain process, sample it with the real system sampler, then stop it."""
-    from stepscope.collectors.system_sampler import run_sampler
-
     proc = subprocess.Popen(command)
     run_id = store.create_run(command, name="attached", pid=None)
     stop = threading.Event()
@@ -418,7 +424,7 @@ def test_samples_only_verdicts_for_processes_started_without_stepscope(tmp_path:
             "device_compute",
         )
         assert d_idle.findings[0].klass == "io"
-        assert store.findings(busy)[0]["level"] == "samples"
+        assert store.findings(busy)[0].level == "samples"
 
 
 def test_system_summary_pools_gpus() -> None:
@@ -436,9 +442,6 @@ def test_system_summary_pools_gpus() -> None:
 
 
 def test_syncs_are_attributed_to_the_operator_that_issued_them() -> None:
-    from stepscope.analyzers.syncs import host_device_syncs
-    from stepscope.analyzers.trace_load import load_trace
-
     syncs = host_device_syncs(
         load_trace(trace_path("resnet50_v100_num_workers_0.pt.trace.json.gz"))
     )
@@ -455,14 +458,12 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 def _launch(home: Path, *args: str, env: dict[str, str] | None = None) -> int:
-    from stepscope.collectors.launcher import launch_run
-
     run_id, _ = launch_run([sys.executable, *args], home=home, quiet=True, extra_env=env)
     return run_id
 
 
-def _texts(finding: dx.Finding) -> list[str]:
-    return [e["text"] for e in finding.evidence]
+def _texts(finding: Finding) -> list[str]:
+    return [e.text for e in finding.evidence]
 
 
 def test_one_pause_in_the_loader_is_not_an_input_bound_job(tmp_path: Path) -> None:
@@ -473,7 +474,7 @@ def test_one_pause_in_the_loader_is_not_an_input_bound_job(tmp_path: Path) -> No
     assert d.level == "steps"
     assert not [f for f in d.findings if f.subtype == "input_pipeline"]
     first = d.findings[0]
-    assert first.subtype == "device_compute" and first.share > 1 - dx.INPUT_MIN
+    assert first.subtype == "device_compute" and first.share > 1 - th.INPUT_MIN
     note = next(t for t in _texts(first) if "outlier" in t)
     assert note.startswith("1 step with a ") and "ms wait left out as an outlier" in note
     assert "median wait" in note
@@ -504,7 +505,7 @@ def test_outlier_note_goes_with_the_input_finding() -> None:
             "median_wait_s": 0.0004,
         },
     }
-    f = dx.input_pipeline(evidence(steps=steps))
+    f = input_pipeline(evidence(steps=steps))
     assert f.share == 0.08 and "moderately" in f.title
     assert "1 step with a 196 ms wait left out as an outlier; median wait 0.4 ms" in _texts(f)
 
@@ -531,8 +532,6 @@ def test_a_run_without_steps_has_nothing_to_diagnose(
 
 
 def test_analyze_prints_why_a_run_has_no_diagnosis(tmp_path: Path) -> None:
-    import json
-
     run_id = _launch(tmp_path, "-c", "import torch")
     cli = [sys.executable, "-m", "stepscope.app.cli", "--home", str(tmp_path), "analyze"]
     text = subprocess.run([*cli, str(run_id)], capture_output=True, text=True, timeout=120)
@@ -570,8 +569,6 @@ def test_no_cuda_fix_for_a_job_that_did_not_report_cuda() -> None:
 
 
 def test_nvml_seeing_the_job_on_a_gpu_counts_as_cuda(tmp_path: Path) -> None:
-    from stepscope.analyzers.evidence import gather
-
     with RunStore(tmp_path) as store:
         run_id = store.create_run(["python", "attached.py"], name="attached")
         store.add_samples(run_id, [(1.0, "gpu0", "job_mem_used_bytes", 2e9)])
@@ -609,12 +606,12 @@ def dense_runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {"home": home, "cores": len(os.sched_getaffinity(0)), "default": default, "over": over}
 
 
-def _cpu_threads(home: Path, run_id: int) -> tuple[list[dict], list[str]]:
+def _cpu_threads(home: Path, run_id: int) -> tuple[list[FixAdvice], list[str]]:
     with RunStore(home) as store:
         d = diagnose_run(store, run_id)
         threads = store.run(run_id)["device"]["threads"]
-    fixes = [x for f in d.findings for x in f.fixes if x["id"] == "cpu_threads"]
-    why = [s["reason"] for f in d.findings for s in f.skipped if s["id"] == "cpu_threads"]
+    fixes = [x for f in d.findings for x in f.fixes if x.id == "cpu_threads"]
+    why = [s.reason for f in d.findings for s in f.skipped if s.id == "cpu_threads"]
     return fixes, why + [str(threads)]
 
 
@@ -632,8 +629,8 @@ def test_threads_equal_to_cores_get_no_thread_advice(dense_runs: dict) -> None:
 def test_oversubscribed_threads_get_one_per_core(dense_runs: dict) -> None:
     fixes, why = _cpu_threads(dense_runs["home"], dense_runs["over"])
     assert why[-1] == "2"  # torch honours OMP_NUM_THREADS beyond the job's one core
-    assert fixes and all(f["params"] == {"threads": 1} for f in fixes)
-    assert fixes[0]["evidence"].startswith("2 intra-op threads on 1 core the job may use")
+    assert fixes and all(f.params == {"threads": 1} for f in fixes)
+    assert fixes[0].evidence.startswith("2 intra-op threads on 1 core the job may use")
     with RunStore(dense_runs["home"]) as store:
         planned = {p.id: p for p in choose_fixes(store, dense_runs["over"])}
         assert planned["cpu_threads"].params == {"threads": 1}
@@ -642,10 +639,10 @@ def test_oversubscribed_threads_get_one_per_core(dense_runs: dict) -> None:
         assert "cpu_threads" not in {p.id for p in choose_fixes(store, dense_runs["default"])}
 
 
-def _thread_ids(ctx: JobContext, subtype: str, **kw) -> tuple[dict | None, str | None]:
+def _thread_ids(ctx: JobContext, subtype: str, **kw) -> tuple[FixAdvice | None, str | None]:
     f = next(f for f in diagnose(evidence(ctx, **kw)).findings if f.subtype == subtype)
-    fix = next((x for x in f.fixes if x["id"] == "cpu_threads"), None)
-    reason = next((s["reason"] for s in f.skipped if s["id"] == "cpu_threads"), None)
+    fix = next((x for x in f.fixes if x.id == "cpu_threads"), None)
+    reason = next((s.reason for s in f.skipped if s.id == "cpu_threads"), None)
     return fix, reason
 
 
@@ -663,8 +660,8 @@ def test_busy_workers_beside_intra_op_threads_get_the_cores_they_leave() -> None
         "proc.children.mean": 2.0,
     }
     fix, _ = _thread_ids(ctx, "device_compute", steps={"data_wait_share": 0.0}, system=busy)
-    assert fix["params"] == {"threads": 2}
-    assert "2 CPU-busy DataLoader workers" in fix["evidence"]
+    assert fix.params == {"threads": 2}
+    assert "2 CPU-busy DataLoader workers" in fix.evidence
     idle = dict(busy, **{"proc.cpu_percent.mean": 200.0})  # the workers sleep (I/O)
     fix, reason = _thread_ids(ctx, "device_compute", steps={"data_wait_share": 0.0}, system=idle)
     assert fix is None and reason.startswith("no evidence")
@@ -678,7 +675,7 @@ def test_tiny_ops_with_several_threads_get_one_thread() -> None:
     )
     two = JobContext(cuda=False, training=True, cpu_count=2, facts={"settings": {"threads": 2}})
     fix, _ = _thread_ids(two, "host_overhead", trace=r)
-    assert fix["params"] == {"threads": 1} and "tiny" in fix["evidence"]
+    assert fix.params == {"threads": 1} and "tiny" in fix.evidence
     one = JobContext(cuda=False, training=True, cpu_count=2, facts={"settings": {"threads": 1}})
     fix, reason = _thread_ids(one, "host_overhead", trace=r)
     assert fix is None and "1 intra-op thread" in reason

@@ -21,15 +21,12 @@ import psutil
 import pytest
 
 from stepscope.collectors.launcher import launch_run
+from stepscope.optim_runner.background import cancel_experiment, start_experiment
 from stepscope.optim_runner.bound_check import above_bound_note
 from stepscope.optim_runner.contention import contention
-from stepscope.optim_runner.experiment import (
-    cancel_experiment,
-    failure_kind,
-    pick_best,
-    start_experiment,
-)
+from stepscope.optim_runner.failures import failure_kind
 from stepscope.optim_runner.quality import check_quality
+from stepscope.optim_runner.verdict import pick_best
 from stepscope.store import RunStore
 
 JOBS = Path(__file__).resolve().parent / "jobs"

@@ -9,6 +9,7 @@ import pytest
 from hand_trace import US, ev, launch, make_trace, shared_trace
 
 from stepscope.analyzers.idle_time import idle_time_breakdown
+from stepscope.analyzers.trace_load import load_trace
 
 REFERENCE = Path(__file__).parent / "reference" / "hta_reference.json"
 
@@ -112,8 +113,6 @@ def _jobs_with(key: str) -> list[str]:
 
 @pytest.mark.parametrize("job", _jobs_with("idle_time_breakdown"))
 def test_agrees_with_hta_within_1pp(job):
-    from stepscope.analyzers.trace_load import load_trace
-
     ref = json.loads(REFERENCE.read_text())["jobs"][job]
     trace = load_trace([shared_trace(f) for f in ref["files"]])
     ours = idle_time_breakdown(trace)

@@ -18,6 +18,7 @@ from stepscope.analyzers.memory import (
     memory_timeline_by_category,
     memory_timeline_peaks,
 )
+from stepscope.analyzers.trace_load import load_trace
 
 
 def _mem_trace(n_cuda: int = 10, meta=None):
@@ -64,8 +65,6 @@ def test_no_memory_events():
 
 
 def test_real_trace_memory_peaks():
-    from stepscope.analyzers.trace_load import load_trace
-
     trace = load_trace(shared_trace("resnet50_v100_num_workers_0.pt.trace.json.gz"))
     out = memory_summary(trace)
     assert set(out) == {"cpu", "cuda:0"}

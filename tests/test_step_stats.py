@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from stepscope.analyzers.diagnosis import INPUT_HIGH, INPUT_MIN
 from stepscope.analyzers.step_stats import describe_wait_outliers, summarize_steps
+from stepscope.analyzers.thresholds import INPUT_HIGH, INPUT_MIN
 from stepscope.collectors.launcher import launch_run
 from stepscope.store import RunStore
 

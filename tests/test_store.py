@@ -14,6 +14,7 @@ import pytest
 
 from stepscope.store import BufferedWriter, RunNotFound, RunStore, StoreError
 from stepscope.store.schema import SCHEMA_VERSION
+from stepscope.types import Finding
 
 
 def _dead_pid() -> tuple[int, float]:
@@ -205,22 +206,24 @@ def test_version_1_store_is_migrated(tmp_path: Path) -> None:
         store.save_findings(
             1,
             [
-                {
-                    "class": "io",
-                    "subtype": "input_pipeline",
-                    "title": "t",
-                    "share": 0.4,
-                    "confidence": 0.9,
-                    "evidence": [{"text": "x"}],
-                    "fixes": [{"id": "f"}],
-                }
+                Finding.from_json(
+                    {
+                        "class": "io",
+                        "subtype": "input_pipeline",
+                        "title": "t",
+                        "share": 0.4,
+                        "confidence": 0.9,
+                        "evidence": [{"text": "x"}],
+                        "fixes": [{"id": "f"}],
+                        "level": "steps",
+                    }
+                )
             ],
-            level="steps",
         )
         assert store.run(1)["facts"]["dataloader"]["num_workers"] == 0
         (found,) = store.findings(1)
-        assert found["evidence"] == [{"text": "x"}] and found["level"] == "steps"
-        assert store.top_findings()[1]["subtype"] == "input_pipeline"
+        assert [e.text for e in found.evidence] == ["x"] and found.level == "steps"
+        assert store.top_findings()[1].subtype == "input_pipeline"
         # v3: the stack tables of `stepscope attach`
         store.add_stack_samples(1, 0.0, 5.0, [(7, 7, "MainThread", "main (t.py:1)", 3)])
         assert store.stack_samples(1)["samples"].tolist() == [3]

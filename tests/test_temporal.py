@@ -9,6 +9,7 @@ import pytest
 from hand_trace import US, ev, launch, make_trace, shared_trace
 
 from stepscope.analyzers.temporal import temporal_breakdown
+from stepscope.analyzers.trace_load import load_trace
 
 REFERENCE = Path(__file__).parent / "reference" / "hta_reference.json"
 
@@ -59,8 +60,6 @@ def test_cpu_only_rank_gets_a_cpu_basis_answer():
 
 
 def test_real_cpu_only_trace_where_hta_fails():
-    from stepscope.analyzers.trace_load import load_trace
-
     ref = json.loads(REFERENCE.read_text())["jobs"]["cpu_only"]
     assert "error" in ref["temporal_breakdown"]  # HTA cannot analyse it
     trace = load_trace(shared_trace("cpu_only_rank34.pt.trace.json.gz"))
@@ -78,8 +77,6 @@ def _jobs_with(key: str) -> list[str]:
 
 @pytest.mark.parametrize("job", _jobs_with("temporal_breakdown"))
 def test_agrees_with_hta_within_1pp(job):
-    from stepscope.analyzers.trace_load import load_trace
-
     ref = json.loads(REFERENCE.read_text())["jobs"][job]
     trace = load_trace([shared_trace(f) for f in ref["files"]])
     ours = temporal_breakdown(trace).set_index("rank")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 from pathlib import Path
@@ -10,7 +11,8 @@ import numpy as np
 import pytest
 from traces import ALL, CPU_ONLY, MI250, RANK0, RANK1, RESNET_NW0, V100_NS, trace_path
 
-from stepscope.analyzers.trace_load import CATEGORIES, TraceError, load_trace
+from stepscope.analyzers.trace_columns import CATEGORIES
+from stepscope.analyzers.trace_load import TraceError, load_trace
 
 EXPECTED_DTYPES = {
     "rank": "int16",
@@ -198,8 +200,6 @@ def test_non_string_names_stay_categorical(tmp_path: Path) -> None:
 
 def test_loading_restores_the_garbage_collector(tmp_path: Path) -> None:
     """The loader pauses the cyclic GC (see _gc_paused); it must leave it as it found it."""
-    import gc
-
     p = _write(tmp_path, "gc.json", GOOD)
     assert gc.isenabled()
     load_trace(p)

@@ -34,6 +34,7 @@ from stepscope.collectors.contract import ENV_HOME, ENV_RUN_ID
 from stepscope.collectors.gpu_sampler import gpus_and_processes
 from stepscope.collectors.stack_sampler import RATE_HZ, StackRow, StackSampler
 from stepscope.collectors.system_sampler import run_sampler
+from stepscope.store import RunStore
 
 DEFAULT_DURATION_S = 30.0
 JOIN_TIMEOUT_S = 15.0
@@ -129,8 +130,6 @@ class _StackWriter:
         self.home, self.run_id, self.store = home, run_id, None
 
     def __call__(self, t_start: float, t_end: float, rows: list[StackRow]) -> None:
-        from stepscope.store import RunStore
-
         if self.store is None:
             self.store = RunStore(self.home)
         self.store.add_stack_samples(self.run_id, t_start, t_end, rows)
@@ -152,8 +151,6 @@ def attach(
     on_progress: Callable[[AttachProgress], None] | None = None,
 ) -> AttachResult:
     """Record ``pid`` for ``duration_s`` seconds (or until it ends, or ``stop`` is set)."""
-    from stepscope.store import RunStore
-
     if duration_s <= 0:
         raise AttachError(f"the duration must be positive, not {duration_s:g}")
     proc = target(pid)
@@ -326,8 +323,6 @@ def start_attach(
     """`stepscope attach` in the background (the dashboard's Attach button): a process of
     its own, so the recording goes on when the page reloads; it writes its run like the
     command line does, and ``attach_run_of`` finds it."""
-    from stepscope.store import RunStore
-
     target(pid)  # no such process: the caller hears it now, not from a log
     with RunStore(home) as store:
         home_s = str(store.home)

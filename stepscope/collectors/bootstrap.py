@@ -8,8 +8,8 @@ train — the ``torchrun`` agent, spawned DataLoader workers, helper subprocesse
 therefore record nothing and pay nothing.
 
 With ``STEPSCOPE_PLAN`` set (an experiment's trial), the plan's fixes are installed
-first (``optim_runner/apply.py``), so that seeding and patched constructors are in
-place before the step timer and the user's script.
+first (``stepscope/fixes/install.py``), so that seeding and patched constructors are
+in place before the step timer and the user's script.
 
 What ends up in the run's row: ``device`` (torch/CUDA/CPU facts, merged per rank),
 ``error`` (one line, from the job's uncaught exception) and ``stop_reason``
@@ -77,6 +77,8 @@ class _Bootstrap:
 
     def writer(self) -> Any:
         if self._writer is None:
+            # local: the writer (sqlite3, a thread) is for processes with something to
+            # write; the others (the torchrun agent, helper scripts) never pay for it
             from stepscope.store.writer import BufferedWriter
 
             self._writer = BufferedWriter(
@@ -97,12 +99,15 @@ class _Bootstrap:
             return
         if self.plan_path and not _is_launcher_agent():
             # before the step timer: the plan may seed the RNGs the job then uses
+            # local: runs inside the user's job, only when the plan asks for it
             from stepscope.fixes.install import install_plan
 
             install_plan(self.plan_path, self.writer)
         try:
+            # local: the step timer and the capture are for processes that import torch;
+            # every other process of the job loads the bootstrap alone
             from stepscope.collectors import step_timer
-            from stepscope.collectors.profiler_capture import CaptureController
+            from stepscope.collectors.profiler_capture import CaptureController  # local: same
 
             capture = CaptureController(
                 self.writer,
@@ -217,7 +222,7 @@ def device_info() -> dict[str, Any]:
     Device names and capabilities are read only when the job has initialised CUDA
     itself: creating a context here would cost memory on a GPU the rank may not use.
     """
-    import torch
+    import torch  # local: called at the first step, when the job has imported torch
 
     info: dict[str, Any] = {
         "torch": torch.__version__,

@@ -20,6 +20,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+# pynvml is imported where it is used: a machine without nvidia-ml-py, or with a broken
+# one, loses its GPU readings, not the sampler (``open_nvml`` says why).
+
 # nvmlDeviceGetPcieThroughput measures over 20 ms inside the call, per counter; at a
 # 0.5 s sampling interval with 8 GPUs that would be a third of the sampler's time, so
 # PCIe is read at most this often and the other readings go on at full rate.
@@ -45,7 +48,7 @@ def open_nvml() -> tuple[list[GpuHandle] | None, str]:
     device files are all ordinary situations on CPU machines.
     """
     try:
-        import pynvml
+        import pynvml  # local: see the note on pynvml
     except Exception as exc:  # not installed, or broken
         return None, f"pynvml not importable ({exc})"
     try:
@@ -78,7 +81,7 @@ def sample_gpu(gpu: GpuHandle, now: float | None = None) -> dict[str, Any]:
 
     Units are the store's: bytes, percent, watts, degrees C, MHz, bytes/s.
     """
-    import pynvml
+    import pynvml  # local: see the note on pynvml
 
     now = time.monotonic() if now is None else now
     h = gpu.handle
@@ -160,7 +163,7 @@ def gpus_and_processes() -> list[dict[str, Any]]:
     handles, _ = open_nvml()
     if not handles:
         return []
-    import pynvml
+    import pynvml  # local: see the note on pynvml
 
     out = []
     try:
@@ -186,7 +189,7 @@ def gpus_and_processes() -> list[dict[str, Any]]:
 
 def close_nvml() -> None:
     try:
-        import pynvml
+        import pynvml  # local: see the note on pynvml
 
         pynvml.nvmlShutdown()
     except Exception:
@@ -199,7 +202,7 @@ def _read(gpu: GpuHandle, key: str, reader: Callable[[], Any]) -> Any:
         return reader()
     except Exception as exc:
         try:
-            import pynvml
+            import pynvml  # local: see the note on pynvml
 
             permanent = (
                 pynvml.NVMLError_NotSupported,
@@ -237,7 +240,7 @@ def main() -> int:
         print(json.dumps({"available": False, "reason": reason}))
         return 0
     try:
-        import pynvml
+        import pynvml  # local: see the note on pynvml
 
         driver = _text(_try(pynvml.nvmlSystemGetDriverVersion) or "")
         t0 = time.perf_counter()

@@ -18,6 +18,9 @@ import os
 from typing import Any
 
 MAX_LOADERS = 4  # a job with more loaders than this is recorded by its first few
+# torch is imported inside the readers: they run from the step timer's hooks, once the
+# job has imported torch, while this module is imported with the step timer, which
+# must not import torch itself (``stepscope.mark_step`` imports it).
 
 
 class JobFacts:
@@ -73,7 +76,7 @@ class JobFacts:
 
 
 def loader_facts(loader: Any) -> dict[str, Any]:
-    from torch.utils.data import IterableDataset
+    from torch.utils.data import IterableDataset  # local: see the note on torch
 
     dataset = getattr(loader, "dataset", None)
     return {
@@ -101,8 +104,8 @@ def optimizer_facts(optimizer: Any) -> dict[str, Any]:
 
 
 def model_facts(module: Any, args: Any) -> dict[str, Any]:
-    import torch
-    from torch import nn
+    import torch  # local: see the note on torch
+    from torch import nn  # local: see the note on torch
 
     inner = module
     compiled = hasattr(module, "_orig_mod")
@@ -149,14 +152,14 @@ def model_facts(module: Any, args: Any) -> dict[str, Any]:
             "comm_hook": bool(getattr(inner, "_comm_hooks", None)),
         }
         with contextlib.suppress(Exception):
-            import torch.distributed as dist
+            import torch.distributed as dist  # local: see the note on torch
 
             out["ddp"]["backend"] = dist.get_backend()
     return out
 
 
 def global_facts() -> dict[str, Any]:
-    import torch
+    import torch  # local: see the note on torch
 
     return {
         "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
@@ -194,6 +197,7 @@ def _fused_kernel_devices() -> list[str] | None:
     """Device types the installed torch has fused optimizer kernels for (the CPU since
     2.4); None where torch does not say (older versions: CUDA only)."""
     try:
+        # local: a private name, not in every torch
         from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
         return list(_get_fused_kernels_supported_devices())

@@ -2,28 +2,16 @@
 
 The launcher stays outside the job: it creates the run, starts the command with an
 environment that lets the bootstrap in (``job_env.build_job_env``), starts the system
-sampler beside it, waits, and records how the job ended. The job's stdin, stdout and
-stderr are inherited, never piped, so the user sees exactly what the job prints, in
-its own buffering, with its own colours and progress bars.
-
-Signals, and why they are handled this way:
-
-* Ctrl-C: the terminal sends SIGINT to the whole foreground process group, so the job
-  gets it directly. The launcher only notes it (a Python handler, installed before
-  the child starts; exec resets Python handlers to the default in the child, whereas
-  SIG_IGN would be inherited and make the job immune to Ctrl-C) and goes on waiting
-  so it can finalise the run. It does not forward SIGINT: the job would get it twice.
-* SIGTERM and SIGHUP to the launcher (a scheduler stopping it, a closed terminal) are
-  forwarded to the job, which would otherwise be orphaned and keep running.
-* The sampler runs in its own session, so Ctrl-C does not kill it before it flushes;
-  it stops on its own when the job's process is gone, or on the SIGTERM sent here.
+sampler beside it (``sampler_process.py``), waits, and records how the job ended. The
+job's stdin, stdout and stderr are inherited, never piped, so the user sees exactly
+what the job prints, in its own buffering, with its own colours and progress bars.
+Signals to the launcher reach the job as ``job_signals.py`` explains.
 
 Experiments (``optim_runner.experiment``) launch many bounded trial runs through
 ``launch_run``, with options ``stepscope run`` does not need: the job's output goes to a
 log in the run folder (a table of trials, not interleaved job output, is what the user
 follows), and a timeout catches a candidate that hangs. A job with a timeout runs in its
-own session, so that killing its process group also kills its DataLoader workers; it
-then no longer gets Ctrl-C from the terminal, so the launcher forwards SIGINT itself.
+own session, so that killing its process group also kills its DataLoader workers.
 """
 
 from __future__ import annotations
@@ -31,45 +19,23 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import platform
 import signal
-import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stepscope.collectors.contract import ENV_PLAN
+import psutil
 
-# Environment variables that change how a PyTorch job performs or distributes itself;
-# recorded so that two runs can be compared. Nothing else from the environment is
-# stored: it may hold secrets.
-RELEVANT_ENV = (
-    "CUDA_VISIBLE_DEVICES",
-    "CUDA_LAUNCH_BLOCKING",
-    "OMP_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "PYTORCH_CUDA_ALLOC_CONF",
-    "PYTORCH_ALLOC_CONF",
-    "WORLD_SIZE",
-    "RANK",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "NCCL_DEBUG",
-    "NCCL_P2P_DISABLE",
-    "NCCL_IB_DISABLE",
-    "TORCH_DISTRIBUTED_DEBUG",
-    "TORCHINDUCTOR_CACHE_DIR",
-    "VIRTUAL_ENV",
-    "CONDA_DEFAULT_ENV",
-)
-SAMPLER_STOP_TIMEOUT_S = 5.0
-TERM_GRACE_S = 5.0  # a timed-out job's group gets this long after SIGTERM, then SIGKILL
+from stepscope.collectors.contract import ENV_PLAN
+from stepscope.collectors.env_summary import env_summary
+from stepscope.collectors.job_env import build_job_env
+from stepscope.collectors.job_signals import SignalState, end_group, forward, signal_name
+from stepscope.collectors.sampler_process import remove_if_empty, start_sampler, stop_sampler
+from stepscope.store import RunStore
+
 EXIT_NOT_FOUND = 127
 EXIT_NOT_EXECUTABLE = 126
 EXIT_TIMED_OUT = 124  # what timeout(1) returns
@@ -125,8 +91,6 @@ def launch_run(
     ``plan``: fixes for the bootstrap to apply (shape in ``contract.py``), written to
     ``plan.json`` in the run folder, where it stays as the record of what was asked.
     """
-    from stepscope.store import RunStore
-
     command = list(command)
     store = RunStore(home)
     run_config: dict[str, Any] = {
@@ -164,7 +128,7 @@ def launch_run(
     if not quiet:
         _say(f"recording run {run_id} ({store.run(run_id)['name']}) in {store.home}")
 
-    signals = _SignalState(own_group=job.own_group)
+    signals = SignalState(own_group=job.own_group)
     signals.install()
     try:
         return run_id, _run(store, run_id, run_dir, command, run_config, signals, job)
@@ -200,7 +164,7 @@ def _run(
     run_dir: Path,
     command: list[str],
     config: dict[str, Any],
-    signals: _SignalState,
+    signals: SignalState,
     job: _JobOptions,
 ) -> int:
     env = _job_env(store, run_id, run_dir, config, job.quiet)
@@ -239,36 +203,20 @@ def _run(
             return _not_started(store, run_id, command, EXIT_NOT_EXECUTABLE, why, job)
     signals.child = child
     if signals.forward_pending is not None:  # SIGTERM arrived while starting
-        _forward(child, signals.forward_pending, signals.own_group)
+        forward(child, signals.forward_pending, signals.own_group)
 
-    sampler = _start_sampler(store, run_id, child.pid, float(config["sample_interval"]))
+    sampler = start_sampler(store, run_id, child.pid, float(config["sample_interval"]))
     timed_out = False
     try:
         returncode = child.wait(timeout=job.timeout_s)
     except subprocess.TimeoutExpired:
         timed_out = True
-        returncode = _end_group(child)
-    _stop_sampler(sampler)
-    _remove_if_empty(run_dir / "sampler.log")
+        returncode = end_group(child)
+    stop_sampler(sampler)
+    remove_if_empty(run_dir / "sampler.log")
     if timed_out:
         return _timed_out(store, run_id, job)
     return _finalise(store, run_id, returncode, signals, job.quiet)
-
-
-def _end_group(child: subprocess.Popen) -> int:
-    """Stop a job that outlived its timeout: SIGTERM to its group, SIGKILL if it lingers.
-
-    The group, not the process: a hung job's DataLoader workers would otherwise be left
-    holding cores (and shared memory) for the rest of the experiment.
-    """
-    for sig, grace in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, None)):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(child.pid, sig)
-        try:
-            return child.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            continue
-    return child.wait()
 
 
 def _timed_out(store: Any, run_id: int, job: _JobOptions) -> int:
@@ -280,7 +228,7 @@ def _timed_out(store: Any, run_id: int, job: _JobOptions) -> int:
 
 
 def _finalise(
-    store: Any, run_id: int, returncode: int, signals: _SignalState, quiet: bool = False
+    store: Any, run_id: int, returncode: int, signals: SignalState, quiet: bool = False
 ) -> int:
     """Turn how the job ended into a run status; the job's own error line is kept."""
     run = store.run(run_id)
@@ -296,7 +244,7 @@ def _finalise(
             status = "completed"
     elif returncode < 0:
         sig = -returncode
-        sig_name = _signal_name(sig)
+        sig_name = signal_name(sig)
         if sig == signal.SIGINT or (user_stop and sig == signals.received):
             status, error = "interrupted", f"interrupted ({sig_name})"
         else:
@@ -342,8 +290,6 @@ def _job_env(
     the job still runs, unrecorded, and the run's log says why.
     """
     try:
-        from stepscope.collectors.job_env import build_job_env
-
         return build_job_env(
             run_id,
             str(store.home),
@@ -360,149 +306,11 @@ def _job_env(
         return dict(os.environ)
 
 
-def _start_sampler(store: Any, run_id: int, pid: int, interval: float) -> subprocess.Popen | None:
-    """Start the system sampler beside the job; the job goes on without it if it fails."""
-    package_root = str(Path(__file__).resolve().parents[2])
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE_RUN")}
-    env["STEPSCOPE_HOME"] = str(store.home)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-    cmd = [
-        sys.executable,
-        "-m",
-        "stepscope.collectors.system_sampler",
-        "--home",
-        str(store.home),
-        "--run-id",
-        str(run_id),
-        "--pid",
-        str(pid),
-        "--interval",
-        str(interval),
-    ]
-    try:
-        log = open(store.run_dir(run_id) / "sampler.log", "ab")  # noqa: SIM115 (child owns it)
-    except OSError:
-        log = subprocess.DEVNULL  # type: ignore[assignment]
-    try:
-        return subprocess.Popen(
-            cmd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=log,
-            start_new_session=True,  # out of the foreground group: Ctrl-C is not for it
-        )
-    except OSError as exc:
-        store.log_event(run_id, "warning", "launcher", f"system sampler not started: {exc}")
-        return None
-    finally:
-        if log is not subprocess.DEVNULL:
-            log.close()
-
-
-def _stop_sampler(sampler: subprocess.Popen | None) -> None:
-    """Ask the sampler to flush and stop; it would notice the job is gone by itself anyway."""
-    if sampler is None:
-        return
-    try:
-        sampler.send_signal(signal.SIGTERM)
-        sampler.wait(timeout=SAMPLER_STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        sampler.kill()
-        sampler.wait()
-    except OSError:
-        pass
-
-
-def _remove_if_empty(path: Path) -> None:
-    """The sampler's stderr log is kept only when it has something to say."""
-    with contextlib.suppress(OSError):
-        if path.stat().st_size == 0:
-            path.unlink()
-
-
-class _SignalState:
-    """What the launcher was told while the job ran, and the handlers that record it.
-
-    ``own_group``: the job runs in its own session (see ``_JobOptions``), so Ctrl-C
-    does not reach it from the terminal and is forwarded like SIGTERM, to its group.
-    """
-
-    FORWARDED = ("SIGTERM", "SIGHUP")
-
-    def __init__(self, own_group: bool = False) -> None:
-        self.own_group = own_group
-        self.received: int | None = None
-        self.child: subprocess.Popen | None = None
-        self.forward_pending: int | None = None
-        self._previous: dict[int, Any] = {}
-
-    def install(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return  # signal handlers can only be set from the main thread
-        sigs = [signal.SIGINT] + [getattr(signal, n) for n in self.FORWARDED if hasattr(signal, n)]
-        for sig in sigs:
-            self._previous[sig] = signal.signal(sig, self._handle)
-
-    def restore(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.received is None or signum != signal.SIGINT:
-            self.received = signum
-        if signum == signal.SIGINT and not self.own_group:
-            return  # the terminal delivered it to the job as well
-        if self.child is None:
-            self.forward_pending = signum
-        else:
-            _forward(self.child, signum, self.own_group)
-
-
-def _forward(child: subprocess.Popen, signum: int, group: bool = False) -> None:
-    if child.returncode is not None:
-        return
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        if group:
-            os.killpg(child.pid, signum)
-        else:
-            os.kill(child.pid, signum)
-
-
-def env_summary(extra_env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """What about this machine and environment can change a job's speed.
-
-    ``extra_env``: variables the launcher adds to the job's environment; they are part
-    of what the job ran with, so the relevant ones are recorded too.
-    """
-    merged = {**os.environ, **(extra_env or {})}
-    return {
-        "python": platform.python_version(),
-        "python_executable": sys.executable,
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "hostname": socket.gethostname(),
-        "cpu_count": os.cpu_count(),
-        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "vars": {k: merged[k] for k in RELEVANT_ENV if k in merged},
-    }
-
-
 def _own_create_time() -> float | None:
     try:
-        import psutil
-
         return psutil.Process().create_time()
     except Exception:
         return None
-
-
-def _signal_name(sig: int) -> str:
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return f"signal {sig}"
 
 
 def _one_line(exc: BaseException) -> str:
@@ -514,4 +322,4 @@ def _say(message: str) -> None:
     print(f"stepscope: {message}", file=sys.stderr, flush=True)
 
 
-__all__ = ["env_summary", "launch", "launch_run"]
+__all__ = ["launch", "launch_run"]

@@ -38,6 +38,9 @@ from typing import Any
 
 from stepscope.collectors.control import CapturePoller
 
+# torch is imported inside the methods, as in the step timer's modules: the controller
+# is made from the bootstrap's torch import hook, and the module itself stays importable
+# without torch.
 MEMORY_HISTORY_ENTRIES = 100_000
 # Kineto's levels (libkineto ILoggerObserver.h, torch 2.13): VERBOSE 0, INFO 1, WARNING 2,
 # STAGE 3, ERROR 4, USDT 5. A message prints when its level is >= the set one.
@@ -142,13 +145,14 @@ class CaptureController:
                 self._discard = False
                 if self._memory_history:
                     self._memory_history = False
-                    import torch
+                    import torch  # local: see the note on torch
 
                     torch.cuda.memory._record_memory_history(enabled=None)
         self.profile_at = self._scheduled_at
 
     # -- internals ------------------------------------------------------------------
     def _start(self, first: int, steps: int, reason: str, request_id: str | None) -> None:
+        # local: see the note on torch
         import torch
         from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
@@ -217,7 +221,7 @@ class CaptureController:
         self._writer().add_artifact("trace", path, self._meta())
 
     def _dump_memory_snapshot(self) -> None:
-        import torch
+        import torch  # local: see the note on torch
 
         self._memory_history = False
         path = os.path.join(str(self.run_dir), f"{self._stem}.memory_snapshot.pickle")
@@ -237,7 +241,7 @@ class CaptureController:
         if self._memory_history:
             self._memory_history = False
             try:
-                import torch
+                import torch  # local: see the note on torch
 
                 torch.cuda.memory._record_memory_history(enabled=None)
             except Exception:
@@ -289,9 +293,9 @@ def _c10_log_level() -> Any:
     if not _C10_LEVEL:
         value = None
         with contextlib.suppress(Exception):
-            import ctypes
+            import ctypes  # local: only to read c10's log level, once
 
-            import torch
+            import torch  # local: see the note on torch
 
             lib_dir = os.path.join(os.path.dirname(torch.__file__), "lib")
             for name in sorted(os.listdir(lib_dir)):

@@ -29,6 +29,9 @@ from typing import Any
 
 import psutil
 
+from stepscope.collectors import gpu_sampler
+from stepscope.store import RunStore
+
 COMMIT_EVERY_S = 1.0
 Row = tuple[float, str, str, float | None]
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied)
@@ -214,9 +217,6 @@ def run_sampler(
 
     Opening the store raises its own error (StoreError), which main() reports.
     """
-    from stepscope.collectors import gpu_sampler
-    from stepscope.store import RunStore
-
     stop = stop or threading.Event()
     try:
         tree = ProcessTreeSampler(pid)
@@ -361,8 +361,6 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         print(f"stepscope sampler: stopped ({exc!r})", file=sys.stderr)
         try:
-            from stepscope.store import RunStore
-
             with RunStore(args.home) as store:
                 store.log_event(args.run_id, "error", "system_sampler", f"stopped: {exc!r}")
         except Exception:

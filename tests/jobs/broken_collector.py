@@ -24,7 +24,7 @@ def boom(*args, **kwargs):
 timer = step_timer.current()
 assert timer is not None, "bootstrap did not install the step timer"
 if a.what == "batch":
-    timer._batch_len = boom
+    timer.batch_counter.batch_len = boom
 else:
     timer._take_row = boom
 

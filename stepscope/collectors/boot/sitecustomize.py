@@ -25,6 +25,7 @@ def _stepscope_install() -> None:
                 raise
             sys.path.append(pkg)
             import stepscope  # noqa: F401
+        # local: inside the try, so that a broken or missing stepscope leaves the job alone
         from stepscope.collectors import bootstrap
 
         bootstrap.install()

@@ -1,0 +1,44 @@
+"""The diagnosis's thresholds: each a named constant with the rule it comes from.
+
+They were checked on the examples in ``examples/`` and the real traces in
+``../shared/traces`` (see tests/test_diagnosis.py); the rules (``rules_*``) compare
+the evidence against them.
+"""
+
+from __future__ import annotations
+
+# I/O: torch-tb-profiler flags DataLoader > 5 % of the step; XProf calls a job
+# "moderately input-bound" from 5 % and "highly input-bound" from 20 %.
+INPUT_MIN = 0.05
+INPUT_HIGH = 0.20
+# Storage: sustained iowait above 10 % of CPU time is the usual iostat/sar sign of a
+# disk-bound reader (Brendan Gregg's USE method treats it as disk saturation).
+IOWAIT_HIGH = 10.0  # percent
+# GPU utilisation below 50 % is torch-tb-profiler's "low GPU utilisation" rule.
+GPU_UTIL_LOW = 0.50
+GPU_UTIL_BUSY = 0.80
+# Host overhead worth a finding: 10 % of the step (the smallest share a launch-bound
+# trace shows in Nsight Systems' "GPU starvation" analysis is of this order).
+HOST_MIN = 0.10
+# Compute and memory-bandwidth findings: their kernels (or CPU ops) take >= 10 % of
+# the step. Below that, speeding them up cannot matter.
+KERNEL_MIN = 0.10
+# Productive work can be sped up at most ~2x by the catalog's fixes: cost = share / 2.
+PRODUCTIVE_WEIGHT = 0.5
+# Tensor Cores: tb-profiler flags GEMM/conv-heavy runs whose kernels use 0 % Tensor
+# Cores; we use < 5 % of kernel time, on kernels from Volta (sm70) on.
+TENSOR_CORE_MIN = 0.05
+# Communication: tb-profiler flags > 10 %; from 5 % it is reported with less confidence.
+COMM_MIN = 0.05
+COMM_HIGH = 0.10
+# Host-device copies and syncs: 5 % of the step.
+HOST_DEVICE_MIN = 0.05
+# Capacity: tb-profiler warns at peak memory > 90 % of the device; fragmentation when
+# reserved is 1.5x allocated (PyTorch's memory docs on caching-allocator fragmentation).
+CAPACITY_HIGH = 0.90
+FRAGMENTATION_RATIO = 1.5
+# Samples only: a CPU job whose process tree uses less than half a core on average
+# is waiting, not computing; one that keeps a core 80 % busy (95th percentile, so
+# that the start-up of an attached job does not hide it) is computing.
+WAITING_CPU_PERCENT = 50.0
+COMPUTING_CPU_PERCENT = 80.0

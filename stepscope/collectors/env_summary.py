@@ -1,0 +1,57 @@
+"""What about the machine and the environment can change a job's speed, for the run's row.
+
+Recorded in every run's row (its ``env`` column) so that two runs can be compared.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+# Environment variables that change how a PyTorch job performs or distributes itself;
+# recorded so that two runs can be compared. Nothing else from the environment is
+# stored: it may hold secrets.
+RELEVANT_ENV = (
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_LAUNCH_BLOCKING",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_ALLOC_CONF",
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "NCCL_DEBUG",
+    "NCCL_P2P_DISABLE",
+    "NCCL_IB_DISABLE",
+    "TORCH_DISTRIBUTED_DEBUG",
+    "TORCHINDUCTOR_CACHE_DIR",
+    "VIRTUAL_ENV",
+    "CONDA_DEFAULT_ENV",
+)
+
+
+def env_summary(extra_env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """What about this machine and environment can change a job's speed.
+
+    ``extra_env``: variables the launcher adds to the job's environment; they are part
+    of what the job ran with, so the relevant ones are recorded too.
+    """
+    merged = {**os.environ, **(extra_env or {})}
+    return {
+        "python": platform.python_version(),
+        "python_executable": sys.executable,
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "hostname": socket.gethostname(),
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "vars": {k: merged[k] for k in RELEVANT_ENV if k in merged},
+    }

@@ -1,0 +1,127 @@
+"""The arms of an experiment, their order, and launching one trial run of an arm.
+
+An *arm* is one configuration of the job: the baseline, or a candidate set of fixes.
+Trial k runs every arm once, in the arm order rotated by k (A B C, B C A, C A B, ...):
+machine drift (a neighbour's burst, thermal state) then hits every arm, and no arm
+always runs first or after the same arm. A fixed order biased our paired overhead
+measurements (bench/overhead.py).
+
+A trial is an ordinary run of the baseline's recorded command (same cwd, same
+arguments, same recorded environment), bounded to the experiment's steps, with the
+arm's plan file and the variables of the fixes applied through the environment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from stepscope.collectors.launcher import launch_run
+from stepscope.optim_runner import plan as planning
+from stepscope.optim_runner.plan import PlannedFix
+
+OUTPUT_LOG = "output.log"
+# Recorded variables that are about where the job ran, not how: not replayed.
+NOT_REPLAYED = ("VIRTUAL_ENV", "CONDA_DEFAULT_ENV")
+
+
+@dataclass
+class Arm:
+    """One configuration of the job: the baseline, or a candidate set of fixes."""
+
+    name: str
+    kind: str  # 'baseline' | 'all' | 'alone' | 'confirm'
+    fixes: list[PlannedFix]
+    runs: list[int] = field(default_factory=list)
+    error: str | None = None
+    failure: str | None = None  # 'crash' | 'oom' | 'hang'
+    failed_run: int | None = None
+    not_applied: list[dict[str, str]] = field(default_factory=list)  # [{"fix", "why"}]
+
+    @property
+    def fix_ids(self) -> list[str]:
+        return [f.id for f in self.fixes]
+
+    @property
+    def failed(self) -> bool:
+        """Not run again: it failed, or its fixes did not take effect."""
+        return self.error is not None or bool(self.not_applied)
+
+
+# -- arms and their order ----------------------------------------------------------------
+def candidate_arms(planned: list[PlannedFix]) -> list[Arm]:
+    """All fixes together, then each fix alone (with the fix it needs), without repeats."""
+    arms = [Arm("all", "all", list(planned))]
+    if len(planned) > 1:
+        by_id = {f.id: f for f in planned}
+        for fix in planned:
+            fixes = [by_id[fix.needs], fix] if fix.needs else [fix]
+            arms.append(Arm(fix.id, "alone", fixes))
+    seen: set[tuple[str, ...]] = set()
+    unique = []
+    for arm in arms:
+        key = tuple(sorted(arm.fix_ids))
+        if key not in seen:
+            seen.add(key)
+            unique.append(arm)
+    return unique
+
+
+def rotated(arms: list[Arm], k: int) -> list[Arm]:
+    """Trial ``k``'s order: the arms rotated by k (A B C, B C A, C A B, ...)."""
+    if not arms:
+        return []
+    k %= len(arms)
+    return arms[k:] + arms[:k]
+
+
+# -- one trial run -----------------------------------------------------------------------
+def launch_trial(
+    store: Any,
+    experiment_id: int,
+    base: dict[str, Any],
+    arm: Arm,
+    k: int,
+    phase: str,
+    config: dict[str, Any],
+    timeout_s: float,
+) -> int:
+    """Run trial ``k`` of ``arm`` to its end; returns the trial's run id.
+
+    The run is linked to the baseline run ``base`` (``parent_run_id``) and says in its
+    ``config`` which experiment, arm, trial and phase it belongs to.
+    """
+    env = {
+        key: value
+        for key, value in ((base.get("env") or {}).get("vars") or {}).items()
+        if key not in NOT_REPLAYED
+    }
+    env.update(planning.plan_env(arm.fixes, env))
+    run_id, _exit_code = launch_run(
+        base["command"],
+        name=f"{base['name']} [{arm.name} #{k + 1}]",
+        max_steps=config["steps"],
+        home=store.home,
+        extra_env=env,
+        parent_run_id=base["id"],
+        config={
+            "experiment": experiment_id,
+            "arm": arm.name,
+            "fixes": arm.fix_ids,
+            "trial": k,
+            "phase": phase,
+        },
+        cwd=base["cwd"],
+        output_path=OUTPUT_LOG,
+        timeout_s=timeout_s,
+        quiet=True,
+        plan=planning.plan_document(
+            arm.fixes,
+            seed=config["seed"],
+            override_explicit=not config.get("keep_explicit", False),
+        ),
+    )
+    return run_id
+
+
+__all__ = ["NOT_REPLAYED", "OUTPUT_LOG", "Arm", "candidate_arms", "launch_trial", "rotated"]
