@@ -16,7 +16,7 @@ from typing import Any
 
 
 class BottleneckClass(StrEnum):
-    """DESIGN.md's four classes. A StrEnum: it is stored and compared as its value."""
+    """The four bottleneck classes (docs/architecture.md). A StrEnum: it is stored and compared as its value."""
 
     IO = "io"
     COMPUTE = "compute"

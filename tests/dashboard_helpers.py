@@ -13,7 +13,7 @@ from pathlib import Path
 from stepscope.store import RunStore
 
 REPO = Path(__file__).resolve().parents[1]
-ENTRY = REPO / "stepscope" / "app" / "dashboard.py"
+ENTRY = REPO / "stepscope" / "app" / "dashboard" / "main.py"
 JOB_TIMEOUT_S = 240
 
 

@@ -25,6 +25,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -55,13 +56,15 @@ from traces import A100, trace_path
 from stepscope.analyzers.stacks import classify_samples, phase_shares, top_sites
 from stepscope.analyzers.step_stats import summarize_steps
 from stepscope.analyzers.trace_report import analyze_trace
-from stepscope.app import tb_launch, ui
+from stepscope.app.dashboard import tensorboard
+from stepscope.app.formats import fmt_num, fmt_pct, fmt_s
 from stepscope.collectors.attach import attach_run_of, start_attach
 from stepscope.collectors.control import capture_request_path
 from stepscope.collectors.launcher import launch_run
-from stepscope.optim_runner.experiment import candidate_arms, start_experiment
+from stepscope.optim_runner.background import start_experiment
 from stepscope.optim_runner.plan import choose_fixes
 from stepscope.optim_runner.stats import speedup_ci, timed_step_times
+from stepscope.optim_runner.trials import candidate_arms
 from stepscope.store import RunStore
 
 pytestmark = pytest.mark.slow
@@ -182,7 +185,7 @@ def test_runs_page_lists_every_run_with_its_figures(home: Path, recorded: dict) 
             assert median == pytest.approx(s["step_time_median_s"] * 1e3)
         assert row["open"] == f"run?run={row['id']}"
         finding = top.get(row["id"])
-        assert (finding["title"] in row["top finding"]) if finding else row["top finding"] == ""
+        assert (finding.title in row["top finding"]) if finding else row["top finding"] == ""
     status = dict(zip(table["id"], table["status"], strict=True))
     assert status[recorded["ids"]["fail"]] == "✗ failed"
     assert status[recorded["ids"]["ib"]] == "✓ stopped"
@@ -221,11 +224,11 @@ def test_run_page_headline_and_trace_views(home: Path, recorded: dict) -> None:
     s = summary_of(home, run_id)
     assert at.title[0].value == f"Run {run_id} · ib"
     m = metrics(at)
-    assert m["step time p50"] == ui.fmt_s(s["step_time_median_s"])
-    assert m["step time p95"] == ui.fmt_s(s["step_time_p95_s"])
-    assert m["steps/s"] == ui.fmt_num(s["steps_per_s"])
-    assert m["samples/s"] == ui.fmt_num(s["samples_per_s"])
-    assert m["data wait"] == ui.fmt_pct(s["data_wait_share"])
+    assert m["step time p50"] == fmt_s(s["step_time_median_s"])
+    assert m["step time p95"] == fmt_s(s["step_time_p95_s"])
+    assert m["steps/s"] == fmt_num(s["steps_per_s"])
+    assert m["samples/s"] == fmt_num(s["samples_per_s"])
+    assert m["data wait"] == fmt_pct(s["data_wait_share"])
     assert m["peak RSS"].endswith("MiB")
     assert f"{s['steps']} steps recorded, {s['timed_steps']} timed" in texts(at)
 
@@ -370,7 +373,7 @@ def test_locked_store_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 def test_tensorboard_button_starts_tensorboard(home: Path, recorded: dict) -> None:
     at = open_page("run", run=str(recorded["ids"]["ib"]))
     button = at.button(key="tensorboard")
-    reason = tb_launch.unavailable_reason()
+    reason = tensorboard.unavailable_reason()
     if reason is not None:
         assert button.disabled and reason in texts(at)
         return
@@ -388,7 +391,7 @@ def test_tensorboard_button_starts_tensorboard(home: Path, recorded: dict) -> No
         with urllib.request.urlopen(url.split("#")[0] + "data/plugins_listing", timeout=30) as resp:
             assert "pytorch_profiler" in json.loads(resp.read())
     finally:
-        from stepscope.app.run_sections import _tensorboards
+        from stepscope.app.dashboard.run_actions import _tensorboards
 
         for tb in _tensorboards().values():
             tb.stop()
@@ -410,8 +413,8 @@ def test_compare_page_ratio_and_changes(home: Path, recorded: dict) -> None:
     m = metrics(at)
     assert m["speed-up B vs A"] == f"{throughput.ratio:.2f}x"
     assert m["median step-time ratio"] == f"{median.ratio:.2f}x"
-    assert m["median step A"] == ui.fmt_s(summarize_steps(sa)["step_time_median_s"])
-    assert m["median step B"] == ui.fmt_s(summarize_steps(sb)["step_time_median_s"])
+    assert m["median step A"] == fmt_s(summarize_steps(sa)["step_time_median_s"])
+    assert m["median step B"] == fmt_s(summarize_steps(sb)["step_time_median_s"])
     assert f"Throughput: {throughput.describe()}" in texts(at)
     assert f"Median step time: {median.describe()}" in texts(at)
     assert at.selectbox[0].value == a and at.selectbox[1].value == b
@@ -492,12 +495,6 @@ def test_diagnose_button(home: Path, recorded: dict) -> None:
     run_id = recorded["ids"]["ib"]
     at = open_page("run", run=str(run_id))
     no_errors(at)
-    try:
-        import stepscope.analyzers.diagnosis  # noqa: F401
-    except ImportError:
-        assert not [b for b in at.button if b.key == "diagnose"]
-        assert "no diagnosis module" in texts(at)
-        pytest.skip("stepscope.analyzers.diagnosis is not importable yet")
     with RunStore(home) as store:
         assert store.findings(run_id) == []
     at.button(key="diagnose").click().run()
@@ -506,23 +503,23 @@ def test_diagnose_button(home: Path, recorded: dict) -> None:
         found = store.findings(run_id)
     # the job waits on its loader: an I/O finding (first on a quiet machine; on a loaded
     # one the compute slows down too, so its rank is not asserted)
-    io = next(f for f in found if f["class"] == "io")
+    io = next(f for f in found if f.klass == "io")
     page = texts(at)
-    assert all(f["title"] in page for f in found)
-    assert all(fix["title"] in page for fix in io["fixes"])
-    assert {c.value for c in at.code} >= {f["snippet"] for f in io["fixes"] if f["snippet"]}
+    assert all(f.title in page for f in found)
+    assert all(fix.title in page for fix in io.fixes)
+    assert {c.value for c in at.code} >= {f.snippet for f in io.fixes if f.snippet}
     assert not [b for b in at.button if b.key == "diagnose"]
     # next to the findings: the way to apply them
     link = next(p.proto for p in at.get("page_link") if p.proto.label == "Apply and compare…")
     assert link.page == "optimize" and link.query_string == f"run={run_id}"
     # the runs table now shows it as the run's top finding
     table = open_page("runs").dataframe[0].value
-    assert found[0]["title"] in table.loc[table["id"] == run_id, "top finding"].iloc[0]
+    assert found[0].title in table.loc[table["id"] == run_id, "top finding"].iloc[0]
 
 
 def test_dashboard_command_line() -> None:
-    from stepscope.app.cli_dashboard import ENTRY as entry
-    from stepscope.app.cli_dashboard import streamlit_command
+    from stepscope.app.cli.dashboard import ENTRY as entry
+    from stepscope.app.cli.dashboard import streamlit_command
 
     cmd = streamlit_command("127.0.0.1", 8599)
     assert cmd[:5] == [sys.executable, "-m", "streamlit", "run", str(entry)]
@@ -567,7 +564,7 @@ def auto_fix_ids(home: Path, run_id: int) -> list[str]:
         if not store.findings(run_id):
             diagnose_run(store, run_id)
         found = store.findings(run_id)
-    return list(dict.fromkeys(x["id"] for f in found for x in f["fixes"] if x["auto"]))
+    return list(dict.fromkeys(x.id for f in found for x in f.fixes if x.auto))
 
 
 def only_fixes(at: AppTest, run_id: int, keep: set[str]) -> None:
@@ -791,14 +788,12 @@ def test_optimize_marks_numerics_and_consent(tmp_path: Path, monkeypatch) -> Non
     run_id = _a100_run(home)
     monkeypatch.setenv("STEPSCOPE_HOME", str(home))
     with RunStore(home) as store:
-        fixes = {x["id"]: x for f in store.findings(run_id) for x in f["fixes"]}
-    consent = [i for i, x in fixes.items() if x["needs_consent"]]
+        fixes = {x.id: x for f in store.findings(run_id) for x in f.fixes}
+    consent = [i for i, x in fixes.items() if x.needs_consent]
     numerics = [
-        i
-        for i, x in fixes.items()
-        if x["auto"] and x["changes_numerics"] and not x["needs_consent"]
+        i for i, x in fixes.items() if x.auto and x.changes_numerics and not x.needs_consent
     ]
-    advice = [x for x in fixes.values() if not x["auto"]]
+    advice = [x for x in fixes.values() if not x.auto]
     # every automatic fix that changes numerics needs consent (bf16 ran without it once)
     assert {"larger_batch", "bf16_autocast"} <= set(consent) and not numerics and advice
 
@@ -807,8 +802,8 @@ def test_optimize_marks_numerics_and_consent(tmp_path: Path, monkeypatch) -> Non
     for fix_id in consent:
         box = at.checkbox(key=f"fix_{run_id}_{fix_id}")
         assert box.disabled and not box.value and "needs consent" in box.label
-    assert all(x["title"] in texts(at) for x in advice)  # listed, but not as checkboxes
-    assert not [b for b in at.checkbox if b.key.endswith(advice[0]["id"])]
+    assert all(x.title in texts(at) for x in advice)  # listed, but not as checkboxes
+    assert not [b for b in at.checkbox if b.key.endswith(advice[0].id)]
 
     at.toggle(key=f"allow_numerics_{run_id}").set_value(True).run()
     box = at.checkbox(key=f"fix_{run_id}_larger_batch")
@@ -828,8 +823,8 @@ def test_optimize_refusals_are_one_line(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("STEPSCOPE_HOME", str(home))
     with RunStore(home) as store:
         found = store.findings(run_id)
-        renamed = [dict(f, fixes=[dict(x, id=x["id"] + "_v0") for x in f["fixes"]]) for f in found]
-        store.save_findings(run_id, renamed, found[0]["level"])
+        renamed = [replace(f, fixes=[replace(x, id=x.id + "_v0") for x in f.fixes]) for f in found]
+        store.save_findings(run_id, renamed)
     at = open_page("optimize", run=str(run_id))
     assert not at.exception
     at.button(key="apply").click().run()
@@ -840,8 +835,8 @@ def test_optimize_refusals_are_one_line(tmp_path: Path, monkeypatch) -> None:
     with RunStore(home) as store:
         assert store.experiments(run_id) == []  # nothing was started
 
-        advice_only = [dict(f, fixes=[x for x in f["fixes"] if not x["auto"]]) for f in found]
-        store.save_findings(run_id, advice_only, found[0]["level"])
+        advice_only = [replace(f, fixes=[x for x in f.fixes if not x.auto]) for f in found]
+        store.save_findings(run_id, advice_only)
     at = open_page("optimize", run=str(run_id))
     no_errors(at)
     assert "can be applied without changing its code" in texts(at)
@@ -901,7 +896,7 @@ def test_optimize_keep_explicit_toggle_reaches_the_experiment(
 ) -> None:
     """Off by default; on, the experiment is started with keep_explicit=True (what that
     does inside the job is the runner's, tested with it)."""
-    from stepscope.app import optimize_setup
+    from stepscope.app.dashboard import optimize_setup
 
     home = tmp_path / "home"
     run_id = _a100_run(home)
@@ -1081,8 +1076,8 @@ def test_attach_records_a_process_and_shows_the_result(attach_home: Path, attach
     assert "The attach ran for the whole duration asked for." in at.success[0].value
     shares = phase_shares(classify_samples(samples))
     top_phase = shares.sort_values("share").iloc[-1]
-    assert f"{top_phase['label']} {ui.fmt_pct(top_phase['share'])}" in texts(at)
-    assert found and found[0]["title"] in texts(at)  # the top finding, diagnosed by the attach
+    assert f"{top_phase['label']} {fmt_pct(top_phase['share'])}" in texts(at)
+    assert found and found[0].title in texts(at)  # the top finding, diagnosed by the attach
     link = next(p.proto for p in at.get("page_link") if p.proto.label.startswith("Open run"))
     assert link.page == "run" and link.query_string == f"run={run_id}"
 
@@ -1186,7 +1181,7 @@ def test_run_page_shows_where_the_main_thread_spends_its_time(
     assert m["process"] == str(run["config"]["attached_pid"])
     assert m["stack samples"] == f"{int(samples['samples'].sum()):,}"
     top = shares.sort_values("share").iloc[-1]
-    assert m[f"main thread in {top['label']}"] == ui.fmt_pct(top["share"])
+    assert m[f"main thread in {top['label']}"] == fmt_pct(top["share"])
     specs = chart_specs(at)
     bar = next(sp for sp in specs if sp["data"][0].get("orientation") == "h")
     assert bar["data"][0]["y"] == list(shares["label"])

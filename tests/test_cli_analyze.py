@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from traces import CPU_ONLY, RANK0, RANK1, RESNET_NW0, trace_path
 
+from stepscope.store import RunStore
+
 
 def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
@@ -101,8 +103,6 @@ def test_json_findings_and_rich_verdict() -> None:
 
 def test_a_run_without_trace_gets_a_steps_level_diagnosis(tmp_path: Path) -> None:
     """No capture: the diagnosis still runs on what the run has, and is saved."""
-    from stepscope.store import RunStore
-
     with RunStore(tmp_path) as store:
         run_id = store.create_run(["python", "train.py"], name="nocap", status="completed")
         store.add_steps(
@@ -140,4 +140,4 @@ def test_a_run_without_trace_gets_a_steps_level_diagnosis(tmp_path: Path) -> Non
     assert data["findings"][0]["subtype"] == "input_pipeline"
     assert data["findings"][0]["share"] == pytest.approx(0.6)
     with RunStore(tmp_path) as store:
-        assert store.findings(run_id)[0]["level"] == "steps"
+        assert store.findings(run_id)[0].level == "steps"

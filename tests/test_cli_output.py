@@ -28,9 +28,10 @@ from dashboard_helpers import (
     stored_experiment,
 )
 
-from stepscope.app import cli
-from stepscope.app.cli_optimize import render
-from stepscope.app.term import console
+from stepscope.app.cli import main as cli
+from stepscope.app.cli import optimize as cli_optimize
+from stepscope.app.cli.optimize import render
+from stepscope.app.cli.term import console
 from stepscope.collectors.launcher import launch_run
 from stepscope.store import RunStore
 
@@ -201,8 +202,6 @@ def test_keep_explicit_reaches_the_experiment(
 ) -> None:
     """`--keep-explicit` is passed to run_experiment (its effect inside the job is the
     runner's, tested with it); the report says which way the trials ran."""
-    import stepscope.optim_runner.experiment as experiment
-
     home = tmp_path / "home"
     ids = stored_experiment(home)
     with RunStore(home) as s:
@@ -213,7 +212,7 @@ def test_keep_explicit_reaches_the_experiment(
         seen.append({"run": run_id, **kwargs})
         return dict(stored, keep_explicit=kwargs["keep_explicit"])
 
-    monkeypatch.setattr(experiment, "run_experiment", fake_run)
+    monkeypatch.setattr(cli_optimize, "run_experiment", fake_run)
     base = str(ids["baseline"])
     assert cli.main(["--home", str(home), "optimize", base, "--keep-explicit"]) == 0
     assert "values the script set explicitly were kept (--keep-explicit)" in capsys.readouterr().out

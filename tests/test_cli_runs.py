@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from stepscope.app.cli import main
+from stepscope.app.cli.main import main
 from stepscope.collectors.control import capture_request_path
 from stepscope.store import RunStore
 

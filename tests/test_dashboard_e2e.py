@@ -33,7 +33,7 @@ import pytest
 from dashboard_helpers import REPO, cli_env, end_process, record, start_plain_job
 
 from stepscope.analyzers.step_stats import summarize_steps
-from stepscope.app import ui
+from stepscope.app.formats import fmt_pct, fmt_s
 from stepscope.optim_runner.stats import speedup_ci, timed_step_times
 from stepscope.store import RunStore
 
@@ -210,8 +210,8 @@ def test_runs_run_diagnose_optimize_compare_in_chromium(
             values = page.get_by_test_id("stMetricValue")
             expect(values.first).to_be_visible()
             shown = values.all_inner_texts()
-            assert ui.fmt_s(base["step_time_median_s"]) in shown
-            assert ui.fmt_pct(base["data_wait_share"]) in shown
+            assert fmt_s(base["step_time_median_s"]) in shown
+            assert fmt_pct(base["data_wait_share"]) in shown
             expect(page.get_by_text("Step-time breakdown")).to_be_visible()
             _no_error_on_page(page)
 
@@ -221,9 +221,9 @@ def test_runs_run_diagnose_optimize_compare_in_chromium(
             expect(apply_link).to_be_visible()
             with RunStore(store_home) as store:
                 found = store.findings(base_id)
-            io = [f for f in found if f["class"] == "io"]
+            io = [f for f in found if f.klass == "io"]
             assert io, found  # the job waits on its loader
-            expect(page.get_by_text(io[0]["title"])).to_be_visible()
+            expect(page.get_by_text(io[0].title)).to_be_visible()
             expect(page.get_by_text("I/O", exact=True).first).to_be_visible()
             _no_error_on_page(page)
             _screenshot(page, "run", tmp_path)

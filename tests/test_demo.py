@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stepscope.app.demo import MARKER, DemoError, fresh_home
+from stepscope.app.cli.demo import MARKER, DemoError, fresh_home
 from stepscope.store import RunStore
 
 
@@ -52,7 +52,7 @@ def test_demo_records_diagnoses_and_compares(tmp_path: Path) -> None:
     with RunStore(home) as store:
         runs = store.runs()
         baseline = int(runs["id"].min())
-        assert store.findings(baseline)[0]["subtype"] == "input_pipeline"
+        assert store.findings(baseline)[0].subtype == "input_pipeline"
         (experiment,) = store.experiments(baseline_run_id=baseline)
         assert experiment["status"] == "completed"
         # the baseline and every trial are ordinary runs linked to it

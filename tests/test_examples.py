@@ -77,7 +77,7 @@ def primary_finding(home: Path) -> dict:
     assert data["findings"], "no finding at all"
     first = data["findings"][0]
     with RunStore(home) as store:
-        assert store.findings(data["run_id"])[0]["subtype"] == first["subtype"]
+        assert store.findings(data["run_id"])[0].subtype == first["subtype"]
     return first
 
 

@@ -2,7 +2,7 @@
 
 The rules, one module per bottleneck class (``rules_io``, ``rules_compute``,
 ``rules_memory``, ``rules_communication``), each a plain function ``Evidence ->
-Finding | None`` for one subtype of DESIGN.md's taxonomy; they use the strongest
+Finding | None`` for one subtype of the taxonomy (docs/architecture.md); they use the strongest
 evidence the run has (trace > steps > stacks > samples) and say which numbers they used,
 against the thresholds in ``thresholds``. This module runs them all, discounts their
 confidence by the evidence's level (and by too few timed steps), ranks the findings and

@@ -1,7 +1,7 @@
 """Communication rules: collectives not hidden behind compute, and host-device traffic.
 
 Each rule is a plain function ``Evidence -> Finding | None`` for one subtype of
-DESIGN.md's taxonomy. Host-device time is the copies plus the syncs, from the trace,
+the taxonomy (docs/architecture.md). Host-device time is the copies plus the syncs, from the trace,
 or, for an attached job without one, from the lines its stacks show reading tensors back.
 """
 

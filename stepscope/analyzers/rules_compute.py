@@ -1,7 +1,7 @@
 """Compute rules: the step is the host's overhead or the device's (or CPU's) own work.
 
 Each rule is a plain function ``Evidence -> Finding | None`` for one subtype of
-DESIGN.md's taxonomy. Without a trace, device compute is the step time that is not
+the taxonomy (docs/architecture.md). Without a trace, device compute is the step time that is not
 data wait, read from the step timer, the stacks or the samples, and says so.
 """
 

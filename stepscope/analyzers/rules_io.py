@@ -1,7 +1,7 @@
 """I/O rules: the loop waits for its data (input pipeline, storage, an idle process).
 
 Each rule is a plain function ``Evidence -> Finding | None`` for one subtype of
-DESIGN.md's taxonomy; the waiting process is ``io/input_pipeline`` too, read from the
+the taxonomy (docs/architecture.md); the waiting process is ``io/input_pipeline`` too, read from the
 system samples alone when a job has nothing else.
 """
 

@@ -1,7 +1,7 @@
 """Memory rules: bandwidth-bound kernels or operators, and device memory running out.
 
 Each rule is a plain function ``Evidence -> Finding | None`` for one subtype of
-DESIGN.md's taxonomy. Capacity has no share of step time: an out-of-memory error ranks
+the taxonomy (docs/architecture.md). Capacity has no share of step time: an out-of-memory error ranks
 first through the finding's ``extra_cost``.
 """
 

@@ -1,14 +1,18 @@
 """Numbers as people read them, shared by the terminal and the dashboard.
 
 One module, free of heavy imports, so that `stepscope show` and the run page print the
-same figure the same way (a median of 216.9 ms is "216.9 ms" in both places).
+same figure the same way (a median of 216.9 ms is "216.9 ms" in both places, a share
+of 0.843 is "84.3 %", a speed-up "1.42x (1.31–1.55x)").
 """
 
 from __future__ import annotations
 
 import math
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # only for the hint: the CLI imports this module and stays off numpy
+    from stepscope.optim_runner.speed import Speed
 
 
 def missing(x: Any) -> bool:
@@ -51,3 +55,36 @@ def fmt_bytes(x: float | None, digits: int | None = None) -> str:
             return f"{x:.{digits}g} {unit}" if digits else f"{x:.1f} {unit}"
         x /= 1024
     return "—"  # unreachable: TiB takes everything left
+
+
+def fmt_pct(share: float | None, digits: int = 1, none: str = "—") -> str:
+    """A share (0..1) as a percentage: 0.123 is "12.3 %". ``none`` is how an unknown share
+    reads: "—" on the page, "-" in the terminal's tables (a column of them lines up)."""
+    return none if missing(share) else f"{share * 100:.{digits}f} %"
+
+
+def fmt_ratio(x: float | None, none: str = "—") -> str:
+    """A speed-up: 1.234 is "1.23x"."""
+    return none if missing(x) else f"{x:.2f}x"
+
+
+def fmt_ci(ci: list[float] | tuple[float, float] | None, none: str = "—") -> str:
+    """A ratio's 95 % interval: "1.10–1.35x"."""
+    return none if not ci else f"{ci[0]:.2f}–{ci[1]:.2f}x"
+
+
+def speed_caption(speed: Speed) -> str:
+    """The ratios in words, with what they were computed from."""
+    head = speed.headline
+    if head is None:
+        return ""
+    n = f"bootstrap over {head.n_baseline} and {head.n_candidate} timed steps"
+    if speed.throughput is None:
+        return (
+            f"Median step time: {head.describe()}; {n}. No throughput ratio: not every "
+            "step of both runs recorded its batch size."
+        )
+    text = f"Throughput: {head.describe()}, the ratio of mean seconds per sample; {n}"
+    if speed.step_time is not None:
+        text += f". Median step time: {speed.step_time.describe()}"
+    return text + " (warm-up and profiled steps left out, each run resampled on its own)."

@@ -36,7 +36,7 @@ def _is_stepscope(cmdline: list[str]) -> bool:
     ):
         return True
     joined = " ".join(cmdline)
-    return " -m stepscope" in joined or "stepscope/app/dashboard.py" in joined
+    return " -m stepscope" in joined or "stepscope/app/dashboard/" in joined
 
 
 def gpu_memory_by_pid() -> dict[int, float]:

@@ -94,7 +94,7 @@ CREATE TABLE IF NOT EXISTS findings (
     run_id      INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
     position    INTEGER NOT NULL,
     class       TEXT NOT NULL,              -- 'io' | 'compute' | 'memory' | 'communication'
-    subtype     TEXT NOT NULL,              -- DESIGN.md's taxonomy, e.g. 'input_pipeline'
+    subtype     TEXT NOT NULL,              -- the taxonomy (docs/architecture.md), e.g. 'input_pipeline'
     title       TEXT NOT NULL,
     share       REAL,                       -- share of step time it costs (0..1)
     confidence  REAL NOT NULL,              -- 0..1

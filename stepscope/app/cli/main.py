@@ -1,0 +1,235 @@
+"""The `stepscope` command: its parser, and the dispatch of each verb to its module.
+
+Each verb is a thin shell over a function in the packages below (collectors, store,
+analyzers, optimiser), so the dashboard can offer the same actions. A verb's module
+is imported only when that verb runs: they import pandas, torch's collectors and
+the analyzers, and `stepscope --help` should stay instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from stepscope import __version__
+from stepscope.store import RunNotFound, StoreError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stepscope",
+        description="Find out why a PyTorch job is slow, fix it, and prove the fix.",
+    )
+    parser.add_argument("--version", action="version", version=f"stepscope {__version__}")
+    parser.add_argument(
+        "--home",
+        help="run store directory (default: $STEPSCOPE_HOME or ~/.stepscope)",
+    )
+    sub = parser.add_subparsers(dest="verb", metavar="VERB")
+
+    run = sub.add_parser(
+        "run",
+        help="run a command under stepscope and record it",
+        description="Run an unmodified Python command (script, -m module, torchrun) and record "
+        "its steps, system samples and optional profiler captures.",
+        usage="stepscope run [options] -- COMMAND [ARGS...]",
+    )
+    run.add_argument("--name", help="run name (default: the script or module name)")
+    run.add_argument("--max-steps", type=int, help="stop the job cleanly after N steps")
+    run.add_argument("--profile-at", type=int, metavar="STEP", help="start a capture at STEP")
+    run.add_argument(
+        "--profile-steps", type=int, default=3, metavar="K", help="steps per capture (default 3)"
+    )
+    run.add_argument(
+        "--sample-interval",
+        type=float,
+        default=0.5,
+        metavar="S",
+        help="system sampling interval in seconds (default 0.5)",
+    )
+    run.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
+
+    runs = sub.add_parser("runs", help="list recorded runs")
+    runs.add_argument("--json", action="store_true", help="print JSON")
+
+    show = sub.add_parser("show", help="show one run's summary")
+    show.add_argument("run", help="run id, name, or 'last'")
+    show.add_argument("--json", action="store_true", help="print JSON")
+
+    capture = sub.add_parser("capture", help="ask a running job for a profiler capture")
+    capture.add_argument("run", help="run id, name, or 'last'")
+    capture.add_argument("--steps", type=int, default=3, help="steps to capture (default 3)")
+
+    analyze = sub.add_parser("analyze", help="analyse Kineto traces (files, folders or runs)")
+    analyze.add_argument(
+        "paths", nargs="+", metavar="PATH", help="trace files, folders, or run ids"
+    )
+    analyze.add_argument("--json", action="store_true", help="print JSON")
+    analyze.add_argument("--top", type=int, default=10, help="rows in the kernel/operator tables")
+    analyze.add_argument(
+        "--no-save", action="store_true", help="do not save the findings of runs to the store"
+    )
+
+    att = sub.add_parser(
+        "attach",
+        help="record a process that is already running (no restart, no code change)",
+        description="Sample a running Python process from outside (psutil, NVML, py-spy "
+        "stacks) into a new run, then diagnose it. Ctrl-C detaches early and keeps the "
+        "recording; the process goes on untouched.",
+    )
+    att.add_argument("pid", nargs="?", type=int, help="the process (see --list)")
+    att.add_argument(
+        "--duration", type=float, default=30.0, metavar="S", help="seconds to record (default 30)"
+    )
+    att.add_argument("--name", help="run name (default: attach-<script>-<pid>)")
+    att.add_argument(
+        "--rate", type=int, default=20, metavar="HZ", help="stack samples per second (default 20)"
+    )
+    att.add_argument("--list", action="store_true", help="list the processes to attach to")
+    att.add_argument("--json", action="store_true", help="print JSON")
+    att.add_argument("--quiet", action="store_true", help="no progress and no report")
+
+    opt = sub.add_parser(
+        "optimize",
+        help="re-run a run with fixes applied and measure the gain",
+        description="Re-run the run's command as a baseline and with the recommended fixes "
+        "(together and one by one), interleaved, and report each fix's measured speed-up "
+        # argparse %-formats a description only when it holds %(prog): one % here
+        "with a 95 % confidence interval and whether the loss stayed the same.",
+    )
+    opt.add_argument("run", help="run id, name, or 'last'")
+    opt.add_argument("--fixes", metavar="ID,...", help="fixes to try (default: recommended)")
+    opt.add_argument("--steps", type=int, default=30, help="steps per trial (default 30)")
+    opt.add_argument("--trials", type=int, default=3, help="trials per arm (default 3)")
+    opt.add_argument(
+        "--timeout",
+        type=float,
+        metavar="S",
+        help="seconds before a trial counts as hung (default: 5x the baseline, >= 60)",
+    )
+    opt.add_argument(
+        "--allow-numerics",
+        action="store_true",
+        help="also try fixes that change what the model computes (e.g. larger_batch)",
+    )
+    opt.add_argument(
+        "--keep-explicit",
+        action="store_true",
+        help="keep values the script set explicitly (num_workers=0 passed by the script "
+        "stays 0); by default a fix overrides them and the trial's log says what it replaced",
+    )
+    opt.add_argument("--json", action="store_true", help="print JSON")
+
+    demo = sub.add_parser(
+        "demo",
+        help="record an example job, diagnose it, apply and compare the fixes, open the dashboard",
+        description="The whole loop on examples/input_bound.py, in its own store (default "
+        "~/.stepscope-demo, emptied first; or the global --home), then the dashboard on it.",
+    )
+    demo.add_argument("--host", default="127.0.0.1", help="dashboard address (default 127.0.0.1)")
+    demo.add_argument("--port", type=int, default=8501, help="dashboard port (default 8501)")
+    demo.add_argument("--steps", type=int, default=40, help="steps per run (default 40)")
+    demo.add_argument("--trials", type=int, default=2, help="trials per arm (default 2)")
+    demo.add_argument(
+        "--no-dashboard", action="store_true", help="stop after the experiment (no browser)"
+    )
+
+    dash = sub.add_parser("dashboard", help="open the dashboard in the browser (Streamlit)")
+    dash.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    dash.add_argument("--port", type=int, default=8501, help="port (default 8501)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.verb is None:
+        parser.print_help()
+        return 2
+    if args.home:
+        os.environ["STEPSCOPE_HOME"] = args.home
+
+    if args.verb == "run":
+        command = list(args.command)
+        if command and command[0] == "--":
+            command = command[1:]
+        if not command:
+            parser.error("run needs a command after --, e.g. stepscope run -- python train.py")
+        # local: only `run` needs the launcher (and keeps `stepscope --help` fast)
+        from stepscope.collectors.launcher import launch
+
+        return launch(
+            command,
+            name=args.name,
+            max_steps=args.max_steps,
+            profile_at=args.profile_at,
+            profile_steps=args.profile_steps,
+            sample_interval=args.sample_interval,
+        )
+
+    # Each import below is local: a verb's module is loaded only when the verb runs,
+    # which keeps `stepscope --help` and the other verbs from importing what it needs.
+    try:
+        if args.verb == "runs":
+            from stepscope.app.cli.runs import cmd_runs  # local: see above
+
+            return cmd_runs(as_json=args.json)
+        if args.verb == "show":
+            from stepscope.app.cli.show import cmd_show  # local: see above
+
+            return cmd_show(args.run, as_json=args.json)
+        if args.verb == "capture":
+            from stepscope.app.cli.runs import cmd_capture  # local: see above
+
+            return cmd_capture(args.run, steps=args.steps)
+        if args.verb == "analyze":
+            from stepscope.app.cli.analyze import cmd_analyze  # local: see above
+
+            return cmd_analyze(args.paths, as_json=args.json, top=args.top, save=not args.no_save)
+        if args.verb == "attach":
+            from stepscope.app.cli.attach import cmd_attach  # local: see above
+
+            return cmd_attach(
+                args.pid,
+                duration=args.duration,
+                name=args.name,
+                rate=args.rate,
+                as_json=args.json,
+                list_only=args.list,
+                quiet=args.quiet,
+            )
+        if args.verb == "optimize":
+            from stepscope.app.cli.optimize import cmd_optimize  # local: see above
+
+            return cmd_optimize(
+                args.run,
+                fixes=args.fixes,
+                steps=args.steps,
+                trials=args.trials,
+                timeout=args.timeout,
+                allow_numerics=args.allow_numerics,
+                as_json=args.json,
+                keep_explicit=args.keep_explicit,
+            )
+        if args.verb == "demo":
+            from stepscope.app.cli.demo import cmd_demo  # local: see above
+
+            return cmd_demo(
+                home=args.home,
+                host=args.host,
+                port=args.port,
+                steps=args.steps,
+                trials=args.trials,
+                dashboard=not args.no_dashboard,
+            )
+        if args.verb == "dashboard":
+            from stepscope.app.cli.dashboard import cmd_dashboard  # local: see above
+
+            return cmd_dashboard(host=args.host, port=args.port)
+    except (RunNotFound, StoreError) as exc:
+        print(f"stepscope: {exc}", file=sys.stderr)
+        return 1
+    parser.error(f"unknown verb {args.verb}")
+    return 2

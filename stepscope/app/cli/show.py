@@ -1,0 +1,227 @@
+"""`stepscope show RUN`: one run's summary, as JSON or as tables.
+
+The JSON form is the contract (tests and scripts read it); the tables are the same
+data for people. Both are built from one dict (``run_summary``), so they cannot
+disagree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stepscope.analyzers.step_stats import summarize_steps
+from stepscope.app.applied import applied_changes, state, trial_label
+from stepscope.app.cli import term
+from stepscope.app.cli.runs import run_duration
+from stepscope.app.cli.term import esc, print_json, status_text
+from stepscope.app.formats import fmt_bytes, fmt_num, fmt_pct, fmt_s, fmt_time, missing
+from stepscope.store import RunStore
+
+# Samples shown in the readable view of `show` (JSON carries every metric).
+_SHOWN_SAMPLES = (
+    ("proc.cpu_percent", "job CPU %", "pct"),
+    ("proc.cpu_max_process_percent", "busiest process CPU %", "pct"),
+    ("proc.cpu_max_thread_percent", "busiest thread CPU %", "pct"),
+    ("proc.rss_bytes", "job RSS", "bytes"),
+    ("proc.children", "child processes", "num"),
+    ("proc.read_bytes_per_s", "job disk read", "rate"),
+    ("system.cpu_percent", "machine CPU %", "pct"),
+    ("system.iowait_percent", "machine iowait %", "pct"),
+    ("system.mem_used_bytes", "machine memory used", "bytes"),
+    ("system.disk_read_bytes_per_s", "machine disk read", "rate"),
+)
+_GPU_SHOWN = (
+    ("util_percent", "GPU util %", "pct"),
+    ("mem_used_bytes", "GPU memory used", "bytes"),
+    ("job_mem_used_bytes", "job GPU memory", "bytes"),
+    ("power_w", "GPU power W", "num"),
+)
+
+
+def run_summary(store: Any, run_id: int) -> dict[str, Any]:
+    """Everything `show` prints about one run."""
+    run = store.run(run_id)
+    steps = store.steps(run_id)
+    summary = summarize_steps(steps)
+    artifacts = store.artifacts(run_id)
+    art_list = [
+        {"kind": a.kind, "path": a.path, "rank": int(a.rank), "created_at": a.created_at}
+        for a in artifacts.itertuples()
+    ]
+    events = store.events(run_id)
+    out: dict[str, Any] = {
+        "id": int(run["id"]),
+        "name": run["name"],
+        "status": run["status"],
+        "exit_code": run["exit_code"],
+        "error": run["error"],
+        "stop_reason": run["stop_reason"],
+        "command": run["command"],
+        "cwd": run["cwd"],
+        "host": run["host"],
+        "started_at": run["started_at"],
+        "ended_at": run["ended_at"],
+        "duration_s": run_duration(run),
+        "max_steps": run["max_steps"],
+        "parent_run_id": run["parent_run_id"],
+        "run_dir": str(store.home / "runs" / str(run_id)),
+        "device": run["device"],
+        "env": run["env"],
+        "config": run["config"],
+        "facts": run["facts"],
+    }
+    out.update(summary)
+    out["warmup"] = {"steps": summary["warmup_steps"], "time_s": summary["warmup_time_s"]}
+    out["artifacts"] = [a["path"] for a in art_list]
+    out["artifact_details"] = art_list
+    out["samples"] = samples_summary(store.samples(run_id))
+    out["events"] = [
+        {
+            "t": e.t,
+            "rank": None if missing(e.rank) else int(e.rank),
+            "level": e.level,
+            "source": e.source,
+            "message": e.message,
+        }
+        for e in events.itertuples()
+    ]
+    return out
+
+
+def samples_summary(samples: Any) -> dict[str, Any]:
+    """Mean and max of every sampled metric, keyed ``scope.metric``."""
+    if samples.empty:
+        return {"count": 0, "duration_s": None, "metrics": {}}
+    grouped = samples.dropna(subset=["value"]).groupby(["scope", "metric"])["value"]
+    metrics = {
+        f"{scope}.{metric}": {"mean": float(s.mean()), "max": float(s.max()), "n": int(len(s))}
+        for (scope, metric), s in grouped
+    }
+    return {
+        "count": int(samples["t"].nunique()),
+        "duration_s": float(samples["t"].max() - samples["t"].min()),
+        "metrics": metrics,
+    }
+
+
+def cmd_show(ref: str, as_json: bool) -> int:
+    with RunStore() as store:
+        run_id = store.resolve_run(ref)
+        data = run_summary(store, run_id)
+    if as_json:
+        print_json(data)
+        return 0
+    _print_show(data)
+    return 0
+
+
+def _print_show(d: dict[str, Any]) -> None:
+    console = term.console()
+    head = term.table(
+        show_header=False, title=f"run {d['id']}: {esc(d['name'])}", title_justify="left"
+    )
+    head.add_column(style="bold")
+    head.add_column()
+    head.add_row("status", status_text(d["status"]))
+    head.add_row("command", esc(" ".join(d["command"])) if isinstance(d["command"], list) else "")
+    if d["exit_code"] is not None:
+        head.add_row("exit code", str(d["exit_code"]))
+    if d["error"]:
+        head.add_row("error", esc(d["error"]))
+    if d["stop_reason"]:
+        head.add_row("stop reason", esc(d["stop_reason"]))
+    head.add_row("started", fmt_time(d["started_at"]))
+    head.add_row("duration", fmt_s(d["duration_s"], digits=1))
+    if d["device"]:
+        head.add_row("device", esc(", ".join(f"{k}={v}" for k, v in d["device"].items())))
+    head.add_row("folder", esc(d["run_dir"]))
+    console.print(head)
+    _print_applied(console, d["config"])
+
+    st = term.table(show_header=False, title="steps", title_justify="left")
+    st.add_column(style="bold")
+    st.add_column(justify="right")
+    ranks = d["ranks"]
+    st.add_row("steps", f"{d['steps']}" + (f" over {len(ranks)} ranks" if len(ranks) > 1 else ""))
+    st.add_row("warm-up (excluded)", f"{d['warmup_steps']} steps, {fmt_s(d['warmup_time_s'])}")
+    if d["profiled_steps"]:
+        st.add_row("profiled (excluded)", str(d["profiled_steps"]))
+    st.add_row("median step time", fmt_s(d["step_time_median_s"]))
+    st.add_row("p95 step time", fmt_s(d["step_time_p95_s"]))
+    if d["device_step_time_median_s"] is not None:
+        st.add_row("median device time", fmt_s(d["device_step_time_median_s"]))
+    st.add_row("steps/s", fmt_num(d["steps_per_s"]))
+    st.add_row("samples/s", fmt_num(d["samples_per_s"]))
+    share = d["data_wait_share"]
+    st.add_row("waiting for data", "—" if share is None else f"{fmt_pct(share)} of step time")
+    if d["loss_first"] is not None:
+        st.add_row("loss first → last", f"{d['loss_first']:.4g} → {d['loss_last']:.4g}")
+    console.print(st)
+
+    metrics = d["samples"]["metrics"]
+    shown = [(k, label, kind) for k, label, kind in _SHOWN_SAMPLES if k in metrics]
+    gpus = sorted({k.split(".")[0] for k in metrics if k.startswith("gpu")})
+    for gpu in gpus:
+        shown += [(f"{gpu}.{m}", f"{gpu} {label}", kind) for m, label, kind in _GPU_SHOWN]
+    shown = [s for s in shown if s[0] in metrics]
+    if shown:
+        sm = term.table(title=f"samples ({d['samples']['count']})", title_justify="left")
+        sm.add_column("metric")
+        sm.add_column("mean", justify="right")
+        sm.add_column("max", justify="right")
+        for key, label, kind in shown:
+            m = metrics[key]
+            sm.add_row(label, _fmt_kind(m["mean"], kind), _fmt_kind(m["max"], kind))
+        console.print(sm)
+
+    if d["artifact_details"]:
+        art = term.table(title="artifacts", title_justify="left")
+        art.add_column("kind")
+        art.add_column("rank", justify="right")
+        art.add_column("path", overflow="fold")
+        for a in d["artifact_details"]:
+            art.add_row(esc(a["kind"]), str(a["rank"]), esc(a["path"]))
+        console.print(art)
+
+    if d["events"]:
+        ev = term.table(title="log", title_justify="left")
+        ev.add_column("time")
+        ev.add_column("level")
+        ev.add_column("source")
+        ev.add_column("message", overflow="fold")
+        for e in d["events"]:
+            ev.add_row(
+                fmt_time(e["t"], clock=True), esc(e["level"]), esc(e["source"]), esc(e["message"])
+            )
+        console.print(ev)
+
+
+def _print_applied(console: Any, config: dict[str, Any] | None) -> None:
+    """A trial run of an experiment: what its fixes changed in the job, as logged."""
+    label = trial_label(config)
+    changes = applied_changes(config)
+    fixes = ", ".join((config or {}).get("fixes") or [])
+    if not changes and (label is None or not fixes):
+        return  # not a trial, or a baseline trial: nothing was applied
+    title = f"fixes applied ({esc(label or 'not a trial')}; fixes: {esc(fixes or '-')})"
+    if not changes:
+        console.print(f"{title}: the job logged no change")
+        return
+    t = term.table(title=title, title_justify="left")
+    t.add_column("fix")
+    t.add_column("change", overflow="fold")
+    t.add_column("state")
+    for c in changes:
+        colour = "green" if c["applied"] and c["verified"] is not False else "yellow"
+        t.add_row(esc(c["fix"]), esc(c["change"]), f"[{colour}]{state(c)}[/{colour}]")
+    console.print(t)
+
+
+def _fmt_kind(x: float, kind: str) -> str:
+    if kind == "pct":
+        return f"{x:.0f}"
+    if kind == "bytes":
+        return fmt_bytes(x)
+    if kind == "rate":
+        return fmt_bytes(x) + "/s"
+    return f"{x:.3g}"

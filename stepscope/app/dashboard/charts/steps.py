@@ -1,0 +1,103 @@
+"""One run's steps: the breakdown of each step, and step time over the run."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from stepscope.app.dashboard.charts.style import CATEGORY_COLORS, layout, step_labels
+
+
+def breakdown_bars(per_step: pd.DataFrame, categories: Sequence[str]) -> go.Figure:
+    """Stacked bars per step, ms per category (the trace engine's breakdown.per_step).
+
+    Categories that are zero in every step are left out of the legend: a CPU job has
+    no Kernel/Memcpy, and eight empty legend entries say nothing.
+    """
+    x = step_labels(per_step)
+    fig = go.Figure()
+    for cat in categories:
+        if cat not in per_step or not per_step[cat].any():
+            continue
+        fig.add_bar(
+            name=cat,
+            x=x,
+            y=per_step[cat].to_numpy() / 1e6,
+            marker_color=CATEGORY_COLORS.get(cat),
+            hovertemplate=f"{cat}: %{{y:.2f}} ms<extra>step %{{x}}</extra>",
+        )
+    fig.update_layout(barmode="stack")
+    fig.update_xaxes(title="profiled step", type="category")
+    fig.update_yaxes(title="ms")
+    return layout(fig, 320)
+
+
+def wait_compute_bars(steps: pd.DataFrame) -> go.Figure:
+    """Per step: time blocked on the DataLoader and the rest, from the step timer."""
+    df = steps.sort_values(["rank", "step"])
+    total = (df["end_s"] - df["start_s"]).clip(lower=0).to_numpy()
+    wait = np.minimum(df["data_wait_s"].fillna(0).to_numpy(), total)
+    x = step_labels(df)
+    fig = go.Figure()
+    fig.add_bar(
+        name="data wait",
+        x=x,
+        y=wait * 1e3,
+        marker_color=CATEGORY_COLORS["data wait"],
+        hovertemplate="data wait: %{y:.1f} ms<extra>step %{x}</extra>",
+    )
+    fig.add_bar(
+        name="compute",
+        x=x,
+        y=(total - wait) * 1e3,
+        marker_color=CATEGORY_COLORS["compute"],
+        hovertemplate="rest of the step: %{y:.1f} ms<extra>step %{x}</extra>",
+    )
+    fig.update_layout(barmode="stack")
+    fig.update_xaxes(title="step", type="category")
+    fig.update_yaxes(title="ms")
+    return layout(fig, 320)
+
+
+def step_time_chart(steps: pd.DataFrame, warmup_steps: int, median_s: float | None) -> go.Figure:
+    """Step time over the run; warm-up and profiled steps (left out of the figures) marked."""
+    fig = go.Figure()
+    for rank, g in steps.sort_values(["rank", "step"]).groupby("rank"):
+        g = g.reset_index(drop=True)
+        ms = (g["end_s"] - g["start_s"]).to_numpy() * 1e3
+        kind = np.where(
+            g.index < warmup_steps,
+            "warm-up",
+            np.where(g["profiled"].fillna(0).astype(bool), "profiled", "timed"),
+        )
+        prefix = f"rank {rank} " if steps["rank"].nunique() > 1 else ""
+        for label, colour in (
+            ("timed", "#4C78A8"),
+            ("warm-up", "#BAB0AC"),
+            ("profiled", "#E45756"),
+        ):
+            sel = kind == label
+            if not sel.any():
+                continue
+            fig.add_scatter(
+                name=prefix + label,
+                x=g.loc[sel, "step"],
+                y=ms[sel],
+                mode="markers+lines" if label == "timed" else "markers",
+                marker={"color": colour, "size": 6},
+                line={"width": 1},
+                hovertemplate="step %{x}: %{y:.1f} ms<extra>" + label + "</extra>",
+            )
+    if median_s is not None:
+        fig.add_hline(
+            y=median_s * 1e3,
+            line_dash="dot",
+            annotation_text=f"median {median_s * 1e3:.1f} ms",
+            annotation_position="top left",
+        )
+    fig.update_xaxes(title="step")
+    fig.update_yaxes(title="step time (ms)", rangemode="tozero")
+    return layout(fig, 300)

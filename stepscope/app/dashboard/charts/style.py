@@ -1,0 +1,55 @@
+"""What every dashboard chart shares: colours fixed per category, and the layout.
+
+Colours are fixed per category so a category looks the same on every chart and both
+sides of a comparison.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+
+#: trace-engine categories (breakdown.CATEGORIES) plus the steps table's two parts
+CATEGORY_COLORS = {
+    "Kernel": "#4C78A8",
+    "Memcpy": "#72B7B2",
+    "Memset": "#B279A2",
+    "Communication": "#54A24B",
+    "Runtime": "#E45756",
+    "DataLoader": "#F58518",
+    "CPU Exec": "#9D755D",
+    "Other": "#BAB0AC",
+    "data wait": "#F58518",
+    "compute": "#4C78A8",
+}
+#: step phases of the stack samples (analyzers.stacks), coloured like the trace categories
+#: they correspond to: data loading as DataLoader, the model's work in blues, syncs red
+PHASE_COLORS = {
+    "data_loading": "#F58518",
+    "forward": "#4C78A8",
+    "backward": "#72B7B2",
+    "optimizer": "#B279A2",
+    "sync": "#E45756",
+    "elsewhere": "#BAB0AC",
+}
+#: the two sides of a comparison
+SIDE_COLORS = ("#4C78A8", "#F58518")
+
+
+def layout(fig: go.Figure, height: int, **kw: Any) -> go.Figure:
+    fig.update_layout(
+        height=height,
+        margin={"l": 10, "r": 10, "t": 30, "b": 10},
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 0},
+        **kw,
+    )
+    return fig
+
+
+def step_labels(frame: pd.DataFrame) -> list[str]:
+    """'12' for one rank, 'r1 #12' when several ranks share the axis."""
+    if frame["rank"].nunique() > 1:
+        return [f"r{r} #{s}" for r, s in zip(frame["rank"], frame["step"], strict=True)]
+    return [str(s) for s in frame["step"]]

@@ -1,0 +1,251 @@
+"""What the dashboard pages read from the store: runs, findings, experiments, cached.
+
+Streamlit reruns a page on every click, and a running job's page every few seconds,
+so everything costly is cached with ``st.cache_data`` under a key that changes exactly
+when the data can have changed: the run id plus a *marker* (its status and end time,
+and for a running job a coarse clock, since its steps grow). A finished run is
+therefore read once, however often the page is redrawn. Traces are read through
+``trace_data``, attached runs' stack samples through ``stack_data``.
+
+Each call opens the store and closes it again: Streamlit runs sessions in threads and
+a RunStore connection belongs to one thread.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from stepscope.analyzers.step_stats import summarize_steps
+from stepscope.analyzers.trace_load import TraceError
+from stepscope.store import ExperimentNotFound, RunNotFound, RunStore, StoreError
+from stepscope.store.store import default_home
+from stepscope.types import Finding
+
+#: seconds a running job's data is reused before the store is read again
+LIVE_REFRESH_S = 2.0
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Errors that are about the user's data (locked/corrupt store, missing run, bad
+    trace file), shown as one line; anything else is a bug and is logged."""
+    return (
+        StoreError,
+        RunNotFound,
+        TraceError,
+        sqlite3.Error,
+        pd.errors.DatabaseError,
+        OSError,
+        MemoryError,
+    )
+
+
+def one_line(exc: BaseException) -> str:
+    """The first line of an error, prefixed where the bare message would not say what broke."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, (sqlite3.Error, pd.errors.DatabaseError)):
+        return f"run store {store_home()}: {text}"
+    if isinstance(exc, MemoryError):
+        return "out of memory while loading the trace"
+    if isinstance(exc, RunNotFound) and text.startswith("no run with id "):
+        return f"{text} in {store_home()}"
+    return text
+
+
+def store_home() -> str:
+    """The store the dashboard shows: $STEPSCOPE_HOME (set by `stepscope --home`)."""
+    return str(default_home())
+
+
+@contextmanager
+def open_store(home: str) -> Iterator[RunStore]:
+    store = RunStore(home)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def plain(value: Any) -> Any:
+    """pandas hands back NaN for SQL NULL in numeric columns; the pages want None."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+# -- the runs table ------------------------------------------------------------------
+@st.cache_data(max_entries=2048, show_spinner=False)
+def _run_figures(home: str, run_id: int, n_steps: int, status: str) -> dict[str, Any]:
+    """summarize_steps of one run; the key changes when a step is added or the run ends."""
+    with open_store(home) as store:
+        return summarize_steps(store.steps(run_id))
+
+
+def runs_table(home: str) -> pd.DataFrame:
+    """One row per run with its headline figures and top finding, newest first.
+
+    Not cached itself: it is what shows a job going from running to finished.
+    """
+    with open_store(home) as store:
+        runs = store.runs()
+        top = store.top_findings()
+    rows = []
+    for rec in runs.to_dict("records"):
+        rec = {k: plain(v) for k, v in rec.items()}
+        run_id = int(rec["id"])
+        figures = _run_figures(home, run_id, int(rec["steps"]), str(rec["status"]))
+        finding = top.get(run_id)
+        rows.append(
+            {
+                "id": run_id,
+                "name": rec["name"],
+                "status": rec["status"],
+                "command": rec["command"],
+                "steps": int(rec["steps"]),
+                "step_time_median_s": figures["step_time_median_s"],
+                "samples_per_s": figures["samples_per_s"],
+                "data_wait_share": figures["data_wait_share"],
+                "top_finding": finding,
+                "started_at": rec["started_at"],
+                "ended_at": rec["ended_at"],
+                "error": rec["error"],
+            }
+        )
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "id",
+            "name",
+            "status",
+            "command",
+            "steps",
+            "step_time_median_s",
+            "samples_per_s",
+            "data_wait_share",
+            "top_finding",
+            "started_at",
+            "ended_at",
+            "error",
+        ],
+    )
+
+
+# -- one run ---------------------------------------------------------------------------
+@dataclass
+class RunData:
+    """Everything the run page shows that comes from the store (not from traces)."""
+
+    run: dict[str, Any]
+    run_dir: str
+    steps: pd.DataFrame
+    summary: dict[str, Any]
+    samples: pd.DataFrame  # wide: index t (unix s), one column per scope.metric
+    artifacts: pd.DataFrame
+    events: pd.DataFrame
+
+
+def run_marker(run: dict[str, Any]) -> tuple[Any, ...]:
+    """What invalidates a run's cached data: its status and end, and for a live job the clock."""
+    live = int(time.time() // LIVE_REFRESH_S) if run["status"] == "running" else None
+    return (run["status"], run.get("ended_at"), live)
+
+
+def run_header(home: str, run_id: int) -> dict[str, Any]:
+    """The run's row (uncached: cheap, and its status is what the marker is made of)."""
+    with open_store(home) as store:
+        return store.run(run_id)
+
+
+@st.cache_data(max_entries=64, show_spinner="Reading the run…")
+def run_data(home: str, run_id: int, marker: tuple[Any, ...]) -> RunData:
+    with open_store(home) as store:
+        run = store.run(run_id)
+        steps = store.steps(run_id)
+        samples = store.samples(run_id, wide=True)
+        artifacts = store.artifacts(run_id)
+        events = store.events(run_id)
+        run_dir = str(store.home / "runs" / str(run_id))
+    return RunData(
+        run=run,
+        run_dir=run_dir,
+        steps=steps,
+        summary=summarize_steps(steps),
+        samples=samples if not samples.empty else pd.DataFrame(),
+        artifacts=artifacts,
+        events=events,
+    )
+
+
+def findings(home: str, run_id: int) -> list[Finding]:
+    """Uncached: a Diagnose click must show its result on the very next rerun."""
+    with open_store(home) as store:
+        return store.findings(run_id)
+
+
+def run_choices(home: str) -> pd.DataFrame:
+    """id, name, status, parent run of every run (newest first): the pickers' options."""
+    cols = ["id", "name", "status", "parent_run_id"]
+    with open_store(home) as store:
+        runs = store.runs()
+    if runs.empty:
+        return pd.DataFrame(columns=cols)
+    return runs[cols].astype({"id": int})
+
+
+# -- experiments -------------------------------------------------------------------------
+def experiment_row(home: str, experiment_id: int) -> dict[str, Any] | None:
+    """One experiment (uncached: its progress is what a running page polls); None if absent.
+
+    Reading it also fails an experiment whose process vanished (the store reconciles),
+    so a page never waits on a dead one.
+    """
+    with open_store(home) as store:
+        try:
+            return store.experiment(experiment_id)
+        except ExperimentNotFound:
+            return None
+
+
+def run_experiments(home: str, run_id: int) -> list[dict[str, Any]]:
+    """The experiments on ``run_id`` as their baseline, newest first."""
+    with open_store(home) as store:
+        return store.experiments(run_id)
+
+
+@st.cache_data(max_entries=256, show_spinner=False)
+def finished_steps(home: str, run_id: int) -> pd.DataFrame:
+    """Steps of a run that has ended (a completed experiment's trial runs): read once."""
+    with open_store(home) as store:
+        return store.steps(run_id)
+
+
+def findings_marker(found: list[Finding]) -> str:
+    """What invalidates fix plans cached for a run: its findings being replaced by others."""
+    return json.dumps([f.to_json() for f in found], sort_keys=True)
+
+
+# -- figures derived from samples and run rows ------------------------------------------
+def peak_memory(samples: pd.DataFrame) -> tuple[str, float | None]:
+    """The memory figure that matters for the run: the job's GPU memory when there is a
+    GPU (capacity is what runs out), else the job's resident memory."""
+    if samples.empty:
+        return "peak memory", None
+    for suffix, label in (("job_mem_used_bytes", "peak GPU mem"),):
+        cols = [c for c in samples.columns if c.startswith("gpu") and c.endswith("." + suffix)]
+        if cols and samples[cols].notna().any().any():
+            return label, float(samples[cols].max().max())
+    if "proc.rss_bytes" in samples and samples["proc.rss_bytes"].notna().any():
+        return "peak RSS", float(samples["proc.rss_bytes"].max())
+    return "peak memory", None

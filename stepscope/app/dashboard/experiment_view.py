@@ -1,0 +1,300 @@
+"""The Optimize page once an experiment exists (``?run=ID&experiment=EID``).
+
+While it runs, and when it failed: ``experiment_progress``. When it has
+ended: the verdict first (which fixes to keep, the combined speed-up), then the
+ablation behind it, predicted against measured per fix, and the way into the Compare
+view on one baseline trial and one trial of the best candidate.
+
+Every figure shown is the stored result's (``stepscope optimize --json``), so the page
+and the CLI never disagree; only the inline before/after headline is computed here,
+from the two trial runs it links to, the way the Compare page computes it.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from stepscope.analyzers.step_stats import summarize_steps
+from stepscope.app.applied import not_applied_text
+from stepscope.app.dashboard import data, ui
+from stepscope.app.dashboard.charts.compare import fix_speedups, step_time_distributions
+from stepscope.app.dashboard.experiment_progress import first_line
+from stepscope.app.formats import fmt_ci, fmt_num, fmt_ratio, fmt_s
+from stepscope.optim_runner.speed import compare_speed
+from stepscope.optim_runner.stats import timed_step_times
+
+
+def header(row: dict[str, Any]) -> None:
+    cfg = row.get("config") or {}
+    st.subheader(f"Experiment {row['id']}")
+    ui.status_badge(row["status"])
+    started = datetime.fromtimestamp(row["created_at"]).strftime("%Y-%m-%d %H:%M:%S")
+    took = ""
+    if row.get("ended_at"):
+        took = f" · took {(row['ended_at'] - row['created_at']) / 60:.1f} min"
+    keep = (row.get("result") or {}).get("keep_explicit", cfg.get("keep_explicit"))
+    st.caption(
+        f"started {started}{took} · fixes: {', '.join(cfg.get('fixes') or []) or '—'} · "
+        f"{cfg.get('trials', '?')} trials × {cfg.get('steps', '?')} steps per arm"
+        + (" · numerics may change" if cfg.get("allow_numerics") else "")
+        + _explicit_note(keep)
+    )
+
+
+def _explicit_note(keep: bool | None) -> str:
+    """How the trials treated the script's own values; nothing for an older experiment."""
+    if keep is None:
+        return ""
+    if keep:
+        return " · values the script set explicitly kept"
+    return " · fixes override values the script set explicitly"
+
+
+# -- the result ----------------------------------------------------------------------------------
+def _quality(c: dict[str, Any]) -> str:
+    if c.get("status") == "not_applied":
+        return "—"
+    if c.get("quality_ok") is None:
+        return "—" if c["status"] == "failed" else "not checked"
+    return "kept" if c["quality_ok"] else "changed"
+
+
+def verdict(result: dict[str, Any]) -> None:
+    """Which fixes to keep and what they gave together: the answer, before the evidence."""
+    best, base = result["best"], result["baseline"]
+    if best.get("fixes"):
+        how = "confirmed in trials of its own" if best.get("confirmed") else "measured"
+        st.success(
+            f"Keep **{', '.join(best['fixes'])}**: {fmt_ratio(best['speedup'])} the throughput "
+            f"(95 % CI {fmt_ci(best['ci'])}, {how}), with the loss kept.",
+            icon=":material/check_circle:",
+        )
+    else:
+        measured = [
+            f"{c['name']} {fmt_ratio(c['speedup'])} (95 % CI {fmt_ci(c['ci'])}, {c['verdict']})"
+            for c in result["candidates"]
+            if c.get("speedup") is not None
+        ]
+        st.info(
+            "No fix measured faster with the loss kept: keep the job as it is."
+            + (f" Measured: {'; '.join(measured)}." if measured else ""),
+            icon=":material/info:",
+        )
+    for c in result["candidates"]:
+        if c.get("status") == "not_applied":
+            st.warning(
+                f"**{c['name']}** was not measured: {not_applied_text(c)}.",
+                icon=":material/block:",
+            )
+    warning = (result.get("contention") or {}).get("warning")
+    if warning:
+        st.warning(warning, icon=":material/warning:")
+    cols = st.columns(4)
+    cols[0].metric(
+        "speed-up of the kept fixes",
+        fmt_ratio(best.get("speedup")),
+        delta=best.get("verdict"),
+        delta_color="green" if best.get("verdict") == "faster" else "gray",
+        delta_arrow="up" if best.get("verdict") == "faster" else "off",
+        help="throughput (mean seconds per sample) against the baseline trials",
+    )
+    cols[1].metric("baseline samples/s", fmt_num(base.get("samples_per_s")))
+    cols[2].metric("baseline median step", fmt_s(base.get("step_time_median_s")))
+    warm = base.get("warmup") or {}
+    cols[3].metric(
+        "warm-up left out",
+        f"{warm.get('steps', 0)} steps",
+        help="per trial; " + (f"{warm['time_s']:.2f} s on average" if warm.get("time_s") else ""),
+    )
+    st.caption(
+        f"{result['trials']} trials × {result['steps']} steps per arm, interleaved with the "
+        "arm order rotated each trial, so machine drift hits every arm; ratios with "
+        "bootstrap 95 % intervals, a quality guard on the losses."
+    )
+
+
+def ablation_table(result: dict[str, Any]) -> None:
+    st.markdown("**Ablation**: every candidate against the baseline trials")
+    rows = []
+    for c in result["candidates"]:
+        step = c.get("step_time") or {}
+        failed = c["status"] == "failed"
+        skipped = c["status"] == "not_applied"
+        if failed:
+            status, why = c.get("failure") or "failed", first_line(c.get("error"))
+        elif skipped:
+            status, why = "not applied", not_applied_text(c)
+        else:
+            status, why = c["status"], first_line((c.get("quality") or {}).get("reason"))
+        rows.append(
+            {
+                "candidate": c["name"],
+                "fixes": ", ".join(c["fixes"]),
+                "status": status,
+                "speed-up": c.get("speedup"),
+                "95 % CI": fmt_ci(c.get("ci")),
+                "verdict": not_applied_text(c) if skipped else c.get("verdict") or "—",
+                "median step ratio": step.get("ratio"),
+                "loss": _quality(c),
+                "why": why,
+                "trial runs": ", ".join(f"#{r}" for r in c.get("runs") or []),
+            }
+        )
+    st.dataframe(
+        pd.DataFrame(rows),
+        hide_index=True,
+        key="ablation",
+        column_config={
+            "speed-up": st.column_config.NumberColumn(
+                format="%.2fx", help="throughput: mean seconds per sample, baseline/candidate"
+            ),
+            "median step ratio": st.column_config.NumberColumn(
+                format="%.2fx", help="median step time, baseline/candidate"
+            ),
+            "why": st.column_config.TextColumn(width="large"),
+        },
+    )
+
+
+def per_fix(result: dict[str, Any]) -> None:
+    st.markdown("**Predicted vs measured**, per fix")
+    rows = [
+        {
+            "fix": f["id"],
+            "parameters": ", ".join(f"{k}={v}" for k, v in (f.get("params") or {}).items()),
+            "bound (diagnosis)": f.get("predicted"),
+            "bound (these trials)": f.get("predicted_in_experiment"),
+            "measured": f.get("measured"),
+            "95 % CI": fmt_ci(f.get("ci")),
+            "verdict": _fix_verdict(f),
+            "against": f.get("against"),
+            "kept": "✓ keep" if f.get("kept") else "—",
+        }
+        for f in result["fixes"]
+    ]
+    x = st.column_config.NumberColumn
+    st.dataframe(
+        pd.DataFrame(rows),
+        hide_index=True,
+        key="per_fix",
+        column_config={
+            "bound (diagnosis)": x(format="≤ %.2fx", help="Amdahl bound from the diagnosed run"),
+            "bound (these trials)": x(
+                format="≤ %.2fx", help="the bound again from the data wait of the baseline trials"
+            ),
+            "measured": x(format="%.2fx"),
+        },
+    )
+    notes = [f"`{f['id']}`: {f['note']}" for f in result["fixes"] if f.get("note")]
+    if notes:
+        st.caption("Notes: " + " · ".join(notes))
+    fig = fix_speedups(result["fixes"])
+    if fig is not None:
+        st.plotly_chart(fig, key="fix_speedups")
+    why = [f"`{f['id']}`: {f['why_params']}" for f in result["fixes"] if f.get("why_params")]
+    if why:
+        st.caption("Parameters: " + " · ".join(why))
+
+
+def _fix_verdict(f: dict[str, Any]) -> str:
+    """The verdict; for a fix that never took effect, why (it was not measured)."""
+    if f.get("verdict"):
+        return str(f["verdict"])
+    if f.get("status") == "not applied":
+        return f"not applied: {f.get('not_applied_why') or 'no reason recorded'}"
+    return str(f.get("status") or "—")
+
+
+def pair_for_compare(home: str, result: dict[str, Any]) -> tuple[int, int, str] | None:
+    """(baseline trial, candidate trial, candidate) to open in Compare; None if none ran.
+
+    The candidate is the kept set's (else all fixes together, else any that completed);
+    of its trials, the one whose ratio to the baseline trial of the same round is
+    nearest the experiment's: the pair shows what the experiment measured, not an outlier.
+    """
+    done = [c for c in result["candidates"] if c["status"] == "completed" and c.get("runs")]
+    if not done:
+        return None
+    by_name = {c["name"]: c for c in done}
+    cand = by_name.get(result["best"].get("candidate") or "") or by_name.get("all") or done[0]
+    base = result["baseline"]
+    base_runs = base.get("confirm_runs") if cand["name"] == "confirm" else base.get("runs")
+    pairs = list(zip(base_runs or [], cand["runs"], strict=False))
+    if not pairs:
+        return None
+    target = math.log(cand["speedup"]) if cand.get("speedup") else 0.0
+
+    def distance(pair: tuple[int, int]) -> float:
+        head = compare_speed(
+            data.finished_steps(home, pair[0]), data.finished_steps(home, pair[1])
+        ).headline
+        return abs(math.log(head.ratio) - target) if head is not None else math.inf
+
+    a, b = min(pairs, key=distance)
+    return int(a), int(b), cand["name"]
+
+
+def before_after(home: str, result: dict[str, Any]) -> None:
+    """The inline headline of one baseline/candidate pair, and the way into Compare."""
+    st.subheader("Before and after")
+    with ui.errors_as_one_line():
+        pair = pair_for_compare(home, result)
+    if pair is None:
+        st.info("No candidate completed, so there is nothing to compare with the baseline.")
+        return
+    a, b, name = pair
+    steps_a, steps_b = data.finished_steps(home, a), data.finished_steps(home, b)
+    speed = compare_speed(steps_a, steps_b)
+    cols = st.columns([1, 1, 2], vertical_alignment="center")
+    if speed.headline is not None:
+        ui.ratio_metric(
+            cols[0],
+            f"run #{b} vs #{a}",
+            speed.headline,
+            help=f"this pair of trials, on {speed.basis}; > 1 means the candidate is faster",
+        )
+    rate = [summarize_steps(steps)["samples_per_s"] for steps in (steps_a, steps_b)]
+    cols[1].metric("samples/s", f"{fmt_num(rate[0])} → {fmt_num(rate[1])}")
+    cols[2].page_link(
+        "views/compare.py",
+        label=f"Compare baseline trial #{a} with {name} trial #{b}",
+        icon=":material/compare_arrows:",
+        query_params={"a": str(a), "b": str(b)},
+    )
+    st.caption(
+        f"One trial of each ({speed.headline.describe() if speed.headline else 'no ratio'}, "
+        f"{speed.basis}): the pair nearest the experiment's figure. Compare shows their "
+        "breakdowns, step times, losses, system timelines and settings side by side."
+    )
+    cand = next(c for c in result["candidates"] if c["name"] == name)
+    base_runs = (
+        result["baseline"].get("confirm_runs") if name == "confirm" else result["baseline"]["runs"]
+    )
+    pooled = {
+        "baseline (all trials)": _pooled(home, base_runs or []),
+        f"{name} (all trials)": _pooled(home, cand["runs"]),
+    }
+    st.markdown("**Step times of every trial**, baseline and candidate (timed steps)")
+    st.plotly_chart(step_time_distributions(pooled), key="pooled_distributions")
+
+
+def _pooled(home: str, runs: list[int]) -> np.ndarray:
+    parts = [timed_step_times(data.finished_steps(home, r)) for r in runs]
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def result_view(home: str, row: dict[str, Any]) -> None:
+    result = row.get("result") or {}
+    if not result.get("candidates"):
+        st.warning(f"Experiment {row['id']} ended without a result.", icon=":material/warning:")
+        return
+    verdict(result)
+    ablation_table(result)
+    per_fix(result)
+    before_after(home, result)

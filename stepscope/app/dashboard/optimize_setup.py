@@ -1,0 +1,386 @@
+"""The Optimize page before an experiment: which fixes to try, for how long, and the
+button that starts it; and the run's past experiments, to reopen.
+
+Decisions, and why:
+
+* **The fixes come from the run's saved findings** (``plan.recommended``), never from a
+  diagnosis run behind the user's back: an undiagnosed run gets the Diagnose button,
+  so what the page offers is what the Run page shows.
+* **Checked by default**, except fixes that need consent (``larger_batch`` changes what
+  an optimizer step sees): those stay unchecked and locked until the user allows
+  numerics to change, as ``stepscope optimize --allow-numerics`` does. Fixes that change
+  numerics without needing consent (bf16, TF32) are marked: the quality guard checks
+  the loss, but the user should know before the click, not after.
+* **Parameters are shown before the click**, from the same ``plan.choose_fixes`` the
+  experiment will call, with their reason: "4 workers" is a claim to be checked.
+* **One experiment per run at a time**: two would share the machine and measure each
+  other's load; the button says so instead of doing nothing.
+* **Fixes override what the script set, unless asked not to.** A script passing
+  ``num_workers=args.workers`` with 0 is exactly the job the workers fix is for, so by
+  default the fix replaces the script's value (each trial's log says what it replaced);
+  the toggle keeps the script's explicit values, as ``stepscope optimize --keep-explicit``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from stepscope.app.dashboard import data, ui
+from stepscope.app.dashboard.findings_view import diagnose_button
+from stepscope.optim_runner import plan as planning
+from stepscope.optim_runner.background import start_experiment
+from stepscope.optim_runner.experiment import DEFAULT_STEPS, DEFAULT_TRIALS
+from stepscope.optim_runner.failures import slow_starting
+from stepscope.optim_runner.trials import candidate_arms
+from stepscope.types import FixAdvice
+
+MIN_STEPS = 4  # the warm-up is left out of every trial: fewer leave nothing to time
+MAX_STEPS = 100_000
+MAX_TRIALS = 20
+
+
+# -- what can be tried -------------------------------------------------------------------
+@st.cache_data(max_entries=64, show_spinner=False)
+def recommended(home: str, run_id: int, marker: str) -> list[FixAdvice]:
+    """The run's recommended fixes, one per id, best predicted bound first."""
+    with data.open_store(home) as store:
+        recs = planning.recommended(store, run_id)
+    return sorted(recs, key=lambda r: -(r.predicted_speedup or 0.0))
+
+
+@st.cache_data(max_entries=256, show_spinner=False)
+def planned(
+    home: str, run_id: int, ids: tuple[str, ...], marker: str
+) -> tuple[list[dict[str, Any]], str | None]:
+    """(the fixes as the experiment will plan them, why they cannot be) for ``ids``."""
+    if not ids:
+        return [], None
+    with data.open_store(home) as store:
+        try:
+            chosen = planning.choose_fixes(store, run_id, list(ids), allow_numerics=True)
+        except ValueError as exc:
+            return [], data.one_line(exc)
+    return [f.to_json() for f in chosen], None
+
+
+# -- the states before the form ----------------------------------------------------------
+def can_optimize(home: str, run: dict[str, Any], summary: dict[str, Any]) -> bool:
+    """Explain why this run cannot be a baseline (and say False), or warn and say True."""
+    run_id, status = int(run["id"]), run["status"]
+    if status == "running":
+        st.info(
+            f"Run {run_id} is still running. Optimize it once it has ended: trials run "
+            "beside it would measure its load, not the fixes.",
+            icon=":material/hourglass_top:",
+        )
+        return False
+    if not run.get("command"):
+        st.info(
+            f"Run {run_id} has no recorded command (it was not started with `stepscope run`), "
+            "so there is nothing to re-run with fixes.",
+            icon=":material/info:",
+        )
+        return False
+    if status in ("failed", "killed"):
+        line = ui.failure_line(run)
+        if summary["timed_steps"] < 2:
+            st.error(f"Run {run_id} {status}: {line}", icon=":material/error:")
+            st.info(
+                "It ended before recording two timed steps, so there is no speed to improve "
+                "on yet. Fix the job, record it again with `stepscope run`, and optimize "
+                "that run.",
+                icon=":material/lightbulb:",
+            )
+            return False
+        st.warning(
+            f"Run {run_id} {status} after {summary['steps']} steps ({line}). Trials stop "
+            "after the number of steps set below, so they may end before the failure; if "
+            "the baseline trial fails, the experiment stops with its error.",
+            icon=":material/warning:",
+        )
+    return True
+
+
+# -- the form ----------------------------------------------------------------------------
+def fix_picker(run_id: int, auto: list[FixAdvice]) -> tuple[list[str], bool]:
+    """Checkboxes for the auto fixes; returns (checked ids, numerics allowed)."""
+    allow = False
+    if any(f.needs_consent for f in auto):
+        allow = st.toggle(
+            "Allow numerics to change",
+            key=f"allow_numerics_{run_id}",
+            help="also offer fixes that change what the model computes (bf16, TF32, a larger "
+            "batch): a different result is your call; the quality guard still compares the "
+            "loss with the baseline's",
+        )
+    checked = []
+    for fix in auto:
+        key = f"fix_{run_id}_{fix.id}"
+        locked = fix.needs_consent and not allow
+        if locked:
+            st.session_state[key] = False
+        else:
+            st.session_state.setdefault(key, not fix.needs_consent)
+        marks = ""
+        if fix.needs_consent:
+            marks += " :red-badge[needs consent]"
+        if fix.changes_numerics:
+            marks += " :orange-badge[changes numerics]"
+        if st.checkbox(f"**{fix.title}** `{fix.id}`{marks}", key=key, disabled=locked):
+            checked.append(fix.id)
+    return checked, allow
+
+
+def fix_notes(auto: list[FixAdvice], plans: dict[str, dict[str, Any]]) -> None:
+    """Per fix: the predicted bound, the parameters and why, the numerics caveat."""
+    rows = []
+    for fix in auto:
+        plan = plans.get(fix.id, {})
+        params = ", ".join(f"{k}={v}" for k, v in (plan.get("params") or {}).items())
+        if fix.needs_consent:
+            note = "changes what the model computes: tried only when numerics may change"
+        elif fix.changes_numerics:
+            note = "changes numerics: the quality guard compares the loss step by step"
+        else:
+            note = "same numerics"
+        rows.append(
+            {
+                "fix": fix.id,
+                "predicted (bound)": fix.predicted_speedup,
+                "basis": fix.basis or "",
+                "parameters": params or ("—" if fix.id in plans else "(when checked)"),
+                "why these": plan.get("why_params") or "",
+                "numerics": note,
+                "finding": fix.finding or "",
+            }
+        )
+    st.dataframe(
+        pd.DataFrame(rows),
+        hide_index=True,
+        key="fix_notes",
+        column_config={
+            "predicted (bound)": st.column_config.NumberColumn(format="≤ %.2fx"),
+            "why these": st.column_config.TextColumn(width="large"),
+        },
+    )
+
+
+def keep_explicit_toggle(run_id: int) -> bool:
+    """Off by default: a fix the user asked to try replaces the script's own value."""
+    return st.toggle(
+        "Keep values my script set explicitly",
+        value=False,
+        key=f"keep_explicit_{run_id}",
+        help="on: a value the script passes itself (num_workers=0) stays as it is; off: a fix "
+        "overrides it and the trial's log says what it replaced",
+    )
+
+
+def settings() -> tuple[int, int]:
+    """(trials per arm, steps per trial)."""
+    c1, c2, _ = st.columns([1, 1, 2])
+    trials = c1.number_input(
+        "trials per arm",
+        min_value=1,
+        max_value=MAX_TRIALS,
+        value=DEFAULT_TRIALS,
+        key="opt_trials",
+        help="each arm (baseline, each candidate) runs this many times, interleaved",
+    )
+    steps = c2.number_input(
+        "steps per trial",
+        min_value=MIN_STEPS,
+        max_value=MAX_STEPS,
+        value=DEFAULT_STEPS,
+        key="opt_steps",
+        help="the job stops itself after this many steps; warm-up steps are left out",
+    )
+    return int(trials), int(steps)
+
+
+def estimate(
+    run: dict[str, Any], steps_df: pd.DataFrame, plans: list[dict], trials: int, steps: int
+) -> str:
+    """How many trial runs, and roughly how long at the baseline's pace."""
+    fixes = [planning.PlannedFix(**p) for p in plans]
+    arms = 1 + len(candidate_arms(fixes))
+    text = (
+        f"{arms} arms (the baseline, all checked fixes together"
+        + (", each fix alone" if len(fixes) > 1 else "")
+        + f") × {trials} trials = {arms * trials} trial runs"
+    )
+    if not steps_df.empty and run.get("started_at"):
+        startup = max(0.0, float(steps_df["start_s"].min()) - float(run["started_at"]))
+        per_step = float((steps_df["end_s"] - steps_df["start_s"]).median())
+        trial_s = startup + steps * per_step
+        text += (
+            f", about {trial_s:.0f} s each at the baseline's pace: "
+            f"{arms * trials * trial_s / 60:.1f} min or less"
+        )
+    slow = slow_starting([p["id"] for p in plans])
+    if slow:
+        text += f"; {', '.join(slow)} compiles first, which can add minutes per trial"
+    return text + "."
+
+
+def apply_button(
+    home: str,
+    run_id: int,
+    selected: list[str],
+    allow: bool,
+    trials: int,
+    steps: int,
+    busy: dict[str, Any] | None,
+    keep_explicit: bool = False,
+) -> None:
+    """Start the experiment; on success the URL names it, so the page can be left."""
+    blocked = None
+    if busy is not None:
+        blocked = f"experiment {busy['id']} on this run is still running"
+    elif not selected:
+        blocked = "check at least one fix"
+    clicked = st.button(
+        "Apply and compare",
+        key="apply",
+        type="primary",
+        icon=":material/play_arrow:",
+        disabled=blocked is not None,
+        help=blocked or "re-runs the job with the checked fixes, in the background",
+    )
+    if blocked is not None:
+        st.caption(f"Not available: {blocked}.")
+        return
+    if not clicked:
+        return
+    try:
+        experiment_id = start_experiment(
+            home,
+            run_id,
+            fixes=selected,
+            steps=steps,
+            trials=trials,
+            allow_numerics=allow,
+            keep_explicit=keep_explicit,
+        )
+    except ValueError as exc:
+        st.error(f"Not started: {data.one_line(exc)}", icon=":material/error:")
+        return
+    except data.user_errors() as exc:
+        ui.fail(f"Not started: {data.one_line(exc)}")
+    ui.set_query(run=run_id, experiment=experiment_id)
+    st.rerun()
+
+
+def show(home: str, run: dict[str, Any], d: data.RunData, busy: dict[str, Any] | None) -> None:
+    """Everything before the click: the states that rule it out, else the form."""
+    run_id = int(run["id"])
+    if not can_optimize(home, run, d.summary):
+        return
+    with ui.errors_as_one_line():
+        found = data.findings(home, run_id)
+    if not found:
+        st.info(
+            "The fixes to try come from the run's diagnosis, and this run has none yet.",
+            icon=":material/troubleshoot:",
+        )
+        diagnose_button(home, run_id)
+        return
+    marker = data.findings_marker(found)
+    with ui.errors_as_one_line():
+        recs = recommended(home, run_id, marker)
+    auto = [r for r in recs if r.auto]
+    advice = [r for r in recs if not r.auto]
+    if not auto:
+        st.info(
+            "None of the fixes recommended for this run can be applied without changing its "
+            "code, so there is nothing to apply automatically. The Run page shows each with "
+            "its snippet.",
+            icon=":material/info:",
+        )
+        _advice(advice, run_id)
+        return
+
+    st.subheader("Fixes to try")
+    st.caption(
+        "The automatic fixes the diagnosis recommends: applied at start-up, without editing "
+        "the script. Each is measured together with the others and alone."
+    )
+    selected, allow = fix_picker(run_id, auto)
+    keep = keep_explicit_toggle(run_id)
+    # planned as they will run: one fix's parameters can depend on the others checked
+    plans, problem = planned(home, run_id, tuple(selected), marker)
+    fix_notes(auto, {p["id"]: p for p in plans})
+    if problem:
+        st.warning(f"Parameters not available: {problem}", icon=":material/warning:")
+    _advice(advice, run_id)
+
+    st.subheader("How long")
+    trials, steps = settings()
+    chosen = [p for p in plans if p["id"] in selected]
+    if chosen:
+        st.caption(estimate(run, d.steps, chosen, trials, steps))
+    apply_button(home, run_id, selected, allow, trials, steps, busy, keep_explicit=keep)
+
+
+def _advice(advice: list[FixAdvice], run_id: int) -> None:
+    if not advice:
+        return
+    with st.expander(f"Also recommended, needing a code change ({len(advice)})"):
+        for fix in advice:
+            st.markdown(f"- **{fix.title}** `{fix.id}`")
+        st.page_link(
+            "views/run.py",
+            label="Snippets on the Run page",
+            icon=":material/code:",
+            query_params={"run": str(run_id)},
+        )
+
+
+# -- past experiments ----------------------------------------------------------------------
+def _outcome(e: dict[str, Any]) -> str:
+    if e["status"] == "running":
+        p = e.get("progress") or {}
+        return f"{p.get('done', 0)} of {p.get('total') or '?'} trial runs"
+    if e["status"] == "failed":
+        lines = str(e.get("error") or "").strip().splitlines()
+        return "cancelled" if lines == ["interrupted"] else (lines[0] if lines else "failed")
+    best = (e.get("result") or {}).get("best") or {}
+    if best.get("fixes"):
+        return f"keep {', '.join(best['fixes'])}: {best['speedup']:.2f}x"
+    return "no fix kept"
+
+
+def experiments_table(run_id: int, experiments: list[dict[str, Any]], current: int | None) -> None:
+    """The run's experiments, newest first, each with a link that reopens it."""
+    st.subheader("Experiments on this run")
+    if not experiments:
+        st.caption("None yet.")
+        return
+    rows = [
+        {
+            "id": e["id"],
+            "open": f"optimize?run={run_id}&experiment={e['id']}",
+            "status": ("▶ " if e["id"] == current else "")
+            + ui.STATUS_MARK.get(e["status"], e["status"]),
+            "started": datetime.fromtimestamp(e["created_at"]),
+            "fixes": ", ".join((e.get("config") or {}).get("fixes") or []),
+            "trials × steps": f"{(e.get('config') or {}).get('trials', '?')} × "
+            f"{(e.get('config') or {}).get('steps', '?')}",
+            "outcome": _outcome(e),
+        }
+        for e in experiments
+    ]
+    st.dataframe(
+        pd.DataFrame(rows),
+        hide_index=True,
+        key="experiments",
+        column_config={
+            "id": st.column_config.NumberColumn("id", format="%d", width="small"),
+            "open": st.column_config.LinkColumn("open", display_text="open ›", width="small"),
+            "started": st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm:ss"),
+        },
+    )

@@ -1,0 +1,65 @@
+"""The run page's actions: ask a running job for a profiler capture, and open the run
+in TensorBoard (started by this dashboard, one per run folder)."""
+
+from __future__ import annotations
+
+import atexit
+
+import streamlit as st
+
+from stepscope.app.dashboard import tensorboard, ui
+from stepscope.collectors.control import request_capture
+
+
+@st.cache_resource
+def _tensorboards() -> dict[str, tensorboard.TensorBoard]:
+    """TensorBoards started by this dashboard, one per folder, shared by all sessions."""
+    started: dict[str, tensorboard.TensorBoard] = {}
+    atexit.register(lambda: [tb.stop() for tb in started.values()])
+    return started
+
+
+def tensorboard_action(run_dir: str, has_trace: bool) -> None:
+    st.markdown("**TensorBoard** (torch-tb-profiler's views)")
+    reason = tensorboard.unavailable_reason()
+    if reason is None and not has_trace:
+        reason = "this run has no trace for it to show"
+    running = _tensorboards().get(run_dir)
+    if running is not None and not running.alive():
+        _tensorboards().pop(run_dir, None)
+        running = None
+    clicked = st.button(
+        "Open in TensorBoard",
+        key="tensorboard",
+        icon=":material/open_in_browser:",
+        disabled=reason is not None,
+        help=reason or "starts TensorBoard on this run's folder, on 127.0.0.1",
+    )
+    if reason is not None:
+        st.caption(f"Not available: {reason}.")
+        return
+    if clicked and running is None:
+        with st.spinner("Starting TensorBoard…"):
+            tb = tensorboard.start_tensorboard(run_dir)
+            ok = tensorboard.wait_listening(tb)
+        if not ok:
+            tb.stop()
+            ui.fail(f"TensorBoard did not start: {tensorboard.last_log_line(tb) or 'no output'}")
+        _tensorboards()[run_dir] = tb
+        running = tb
+    if running is not None:
+        st.link_button(f"TensorBoard at {running.url}", running.url, icon=":material/link:")
+    st.caption(tensorboard.PLUGIN_NOTE)
+
+
+def capture_action(run_dir: str) -> None:
+    """Only offered for a running job: it is the job that reads the request."""
+    with st.container(border=True):
+        c1, c2 = st.columns([1, 3], vertical_alignment="bottom")
+        k = int(c1.number_input("steps", min_value=1, max_value=100, value=3, key="capture_k"))
+        if c2.button(f"Capture {k} steps", key="capture", icon=":material/radio_button_checked:"):
+            request_id = request_capture(run_dir, k)
+            st.success(
+                f"Asked the job to profile its next {k} step(s) (request {request_id[:8]}); "
+                "the trace appears here when they are done."
+            )

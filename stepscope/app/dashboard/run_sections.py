@@ -1,0 +1,145 @@
+"""The sections of the run page, one function each, so the page script reads as its outline.
+
+Every section takes what it shows as arguments (RunData, a TraceReport, findings) and
+handles its own empty state: a run without a trace still gets a useful page, one that
+says how to capture a trace. This module has the run's headline, its steps and its log;
+beside it are ``findings_view`` (the diagnosis), ``trace_sections`` (what a profiler
+trace adds), ``stack_sections`` (an attached run), ``run_actions`` (capture, TensorBoard).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from stepscope.analyzers.breakdown import CATEGORIES
+from stepscope.analyzers.trace_report import TraceReport
+from stepscope.app.applied import applied_changes, state, trial_label
+from stepscope.app.dashboard import data
+from stepscope.app.dashboard.charts.steps import breakdown_bars, step_time_chart, wait_compute_bars
+from stepscope.app.formats import fmt_bytes, fmt_num, fmt_pct, fmt_s
+
+
+# -- headline ------------------------------------------------------------------------
+def headline(d: data.RunData) -> None:
+    s = d.summary
+    label, peak = data.peak_memory(d.samples)
+    cols = st.columns(6)
+    cols[0].metric("steps/s", fmt_num(s["steps_per_s"]), help="per rank, timed steps only")
+    cols[1].metric("samples/s", fmt_num(s["samples_per_s"]), help="all ranks together")
+    cols[2].metric("step time p50", fmt_s(s["step_time_median_s"]))
+    cols[3].metric("step time p95", fmt_s(s["step_time_p95_s"]))
+    cols[4].metric(
+        "data wait",
+        fmt_pct(s["data_wait_share"]),
+        help="share of step time blocked in the DataLoader's __next__",
+    )
+    cols[5].metric(label, fmt_bytes(peak, digits=3))
+    left_out = []
+    if s["warmup_steps"]:
+        left_out.append(f"{s['warmup_steps']} warm-up")
+    if s["profiled_steps"]:
+        left_out.append(f"{s['profiled_steps']} profiled")
+    st.caption(
+        f"{s['steps']} steps recorded, {s['timed_steps']} timed"
+        + (f" ({' and '.join(left_out)} steps left out of the figures)" if left_out else "")
+    )
+
+
+def applied_section(run: dict[str, Any]) -> None:
+    """A trial run of an experiment: which experiment and arm, and what its fixes changed
+    in the job (``num_workers 0 -> 4 (the job set 0)``); nothing for any other run."""
+    config = run.get("config") or {}
+    label = trial_label(config)
+    changes = applied_changes(config)
+    if label is None and not changes:
+        return
+    fixes = ", ".join(config.get("fixes") or []) or "none (a baseline trial)"
+    st.markdown(f"**Trial run** of {label or 'an experiment'} · fixes: {fixes}")
+    if config.get("experiment") is not None and run.get("parent_run_id") is not None:
+        st.page_link(
+            "views/optimize.py",
+            label=f"Experiment {config['experiment']}: its result",
+            icon=":material/science:",
+            query_params={
+                "run": str(int(run["parent_run_id"])),
+                "experiment": str(config["experiment"]),
+            },
+        )
+    if changes:
+        st.dataframe(
+            pd.DataFrame(
+                [{"fix": c["fix"], "change": c["change"], "state": state(c)} for c in changes]
+            ),
+            hide_index=True,
+            key="applied",
+            column_config={"change": st.column_config.TextColumn(width="large")},
+        )
+    elif config.get("fixes"):
+        st.caption("The job logged no change for its fixes.")
+
+
+def step_charts(d: data.RunData, report: TraceReport | None) -> None:
+    """Breakdown per step (trace categories, else data wait / compute) and step time."""
+    left, right = st.columns(2)
+    with left:
+        if report is not None and len(report.per_step):
+            st.markdown("**Step-time breakdown** · from the profiler trace")
+            st.plotly_chart(breakdown_bars(report.per_step, CATEGORIES), key="bd_trace")
+            shares = [f"{c} {fmt_pct(v)}" for c, v in report.breakdown.items() if v >= 0.005]
+            st.caption(
+                "Priority subtraction in torch-tb-profiler's categories, so the parts add up "
+                "to the step: " + " · ".join(shares)
+            )
+        elif d.steps.empty:
+            st.info("No steps recorded yet.")
+        else:
+            st.markdown("**Step-time breakdown** · from the step timer")
+            st.plotly_chart(wait_compute_bars(d.steps), key="bd_steps")
+            st.caption(
+                "Data wait is the time blocked in the DataLoader; the rest is everything "
+                "else in the step. A profiler trace splits it further."
+            )
+    with right:
+        if not d.steps.empty:
+            st.markdown("**Step time over the run**")
+            st.plotly_chart(
+                step_time_chart(
+                    d.steps, d.summary["warmup_steps"], d.summary["step_time_median_s"]
+                ),
+                key="step_time",
+            )
+
+
+def no_trace_hint(run_id: int, running: bool) -> None:
+    how = (
+        f"use **Capture** above, or run `stepscope capture {run_id} --steps 3` while it runs"
+        if running
+        else "record it again with `stepscope run --profile-at 5 --profile-steps 3 -- ...`"
+    )
+    st.info(
+        f"This run has no profiler trace, so the breakdown comes from the step timer only. "
+        f"For the trace engine's categories, kernels, operators and a step timeline, {how}.",
+        icon=":material/lightbulb:",
+    )
+
+
+def events_section(events: pd.DataFrame) -> None:
+    if events.empty:
+        st.caption("Nothing logged.")
+        return
+    st.dataframe(
+        pd.DataFrame(
+            {
+                "time": [datetime.fromtimestamp(t) for t in events["t"]],
+                "rank": events["rank"].astype("Int64"),
+                "level": events["level"],
+                "source": events["source"],
+                "message": events["message"],
+            }
+        ),
+        hide_index=True,
+    )

@@ -1,0 +1,71 @@
+"""The run's profiler traces, for the pages: analysed and loaded once per file version.
+
+Cached by the files' paths, sizes and mtimes (``file_stamp``), so a trace is analysed
+once however often the page is redrawn, and again only when it is re-captured or
+rewritten. The analyses themselves are the analyzers'; this module only caches them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from stepscope.analyzers.memory import memory_curve
+from stepscope.analyzers.timeline import TIMELINE_MAX_EVENTS, step_timeline
+from stepscope.analyzers.trace_load import Trace, load_trace
+from stepscope.analyzers.trace_report import TraceReport, analyze_trace
+from stepscope.app.dashboard.data import RunData
+
+
+def trace_files(data: RunData) -> tuple[list[str], list[str]]:
+    """The run's trace artifacts: (paths that exist, paths that are gone)."""
+    arts = data.artifacts
+    if arts.empty:
+        return [], []
+    paths = [str(p) for p in arts.loc[arts["kind"] == "trace", "path"]]
+    present = [p for p in paths if Path(p).is_file()]
+    return present, [p for p in paths if p not in present]
+
+
+def file_stamp(paths: list[str]) -> tuple[tuple[str, int, int], ...]:
+    """Cache key of trace files: a re-captured or rewritten file is analysed again."""
+    out = []
+    for p in paths:
+        st_ = Path(p).stat()
+        out.append((p, st_.st_size, st_.st_mtime_ns))
+    return tuple(out)
+
+
+@st.cache_data(max_entries=16, show_spinner="Analysing the trace…")
+def trace_report(stamp: tuple[tuple[str, int, int], ...]) -> TraceReport:
+    """analyze_trace of the files in ``stamp``; raises TraceError."""
+    return analyze_trace([p for p, _, _ in stamp])
+
+
+@st.cache_resource(max_entries=2, show_spinner="Loading the trace…")
+def _loaded_trace(stamp: tuple[tuple[str, int, int], ...]) -> Trace:
+    """The loaded trace, shared and never modified: the timeline and memory curve read it."""
+    return load_trace([p for p, _, _ in stamp])
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def trace_steps(stamp: tuple[tuple[str, int, int], ...]) -> pd.DataFrame:
+    """ProfilerStep ranges (rank, step, start, end in ns) of the trace."""
+    return _loaded_trace(stamp).steps.copy()
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def trace_memory_curve(stamp: tuple[tuple[str, int, int], ...]) -> pd.DataFrame:
+    return memory_curve(_loaded_trace(stamp))
+
+
+@st.cache_data(max_entries=32, show_spinner="Building the timeline…")
+def trace_step_timeline(
+    stamp: tuple[tuple[str, int, int], ...],
+    rank: int,
+    step: int,
+    max_events: int = TIMELINE_MAX_EVENTS,
+) -> pd.DataFrame:
+    return step_timeline(_loaded_trace(stamp), rank, step, max_events)

@@ -1,0 +1,1 @@
+"""The dashboard pages (Streamlit scripts run by ``st.navigation`` in ``main.py``)."""

@@ -1,0 +1,202 @@
+"""Compare: two runs side by side (``?a=BASELINE&b=CANDIDATE``).
+
+The headline is throughput, as experiments decide it (``optim_runner/speed.py``): the
+ratio of mean seconds per sample with a bootstrap interval, the median step-time ratio
+beside it; two single figures of a noisy machine say little on their own, so a ratio whose
+interval contains 1 is reported as no measurable change.
+The breakdowns are compared on the same basis for both runs: the trace engine's
+categories when both have a trace, else the step timer's data wait / compute.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from stepscope.analyzers.breakdown import CATEGORIES
+from stepscope.app.applied import applied_changes, state
+from stepscope.app.dashboard import data, run_diff, trace_data, ui
+from stepscope.app.dashboard.charts.compare import (
+    breakdown_compare,
+    loss_overlay,
+    step_time_distributions,
+)
+from stepscope.app.dashboard.charts.system import system_timelines
+from stepscope.app.formats import fmt_num, fmt_s, speed_caption
+from stepscope.optim_runner.speed import compare_speed
+from stepscope.optim_runner.stats import timed_step_times
+
+home = data.store_home()
+st.title("Compare")
+
+with ui.errors_as_one_line():
+    choices = data.run_choices(home)
+if len(choices) < 2:
+    st.info(
+        "Comparing needs two runs; this store has "
+        + ("none yet." if choices.empty else "one.")
+        + " Record the job again with one thing changed, for example:",
+        icon=":material/compare_arrows:",
+    )
+    st.code(
+        "stepscope run -- python train.py\nstepscope run -- python train.py --num-workers 4",
+        language="bash",
+    )
+    st.stop()
+
+ids = [int(i) for i in choices["id"]]
+names = dict(zip(ids, choices["name"], strict=True))
+statuses = dict(zip(ids, choices["status"], strict=True))
+
+
+def _default(key: str, fallback: int) -> int:
+    value = ui.query_int(key)
+    if value is not None and value not in ids:
+        ui.fail(f"no run with id {value} in {home} (?{key}={value})")
+    return fallback if value is None else value
+
+
+b_default = _default("b", ids[0])
+a_default = _default("a", next(i for i in ids if i != b_default))
+
+
+def _label(i: int) -> str:
+    return f"#{i} {names[i]} ({statuses[i]})"
+
+
+c1, c2 = st.columns(2)
+a = c1.selectbox("A: baseline", ids, index=ids.index(a_default), format_func=_label)
+b = c2.selectbox("B: candidate", ids, index=ids.index(b_default), format_func=_label)
+ui.set_query(a=a, b=b)
+if a == b:
+    st.warning("Pick two different runs.", icon=":material/warning:")
+    st.stop()
+
+with ui.errors_as_one_line():
+    da = data.run_data(home, a, data.run_marker(data.run_header(home, a)))
+    db = data.run_data(home, b, data.run_marker(data.run_header(home, b)))
+label_a, label_b = f"A #{a} {names[a]}", f"B #{b} {names[b]}"
+
+# -- speed ------------------------------------------------------------------------------
+ta, tb = timed_step_times(da.steps), timed_step_times(db.steps)
+st.subheader("Speed")
+speed = compare_speed(da.steps, db.steps)
+if speed.problem:
+    st.info(f"No speed ratio: {speed.problem}.")
+cols = st.columns(5)
+cols[0].metric("median step A", fmt_s(da.summary["step_time_median_s"]))
+cols[1].metric("median step B", fmt_s(db.summary["step_time_median_s"]))
+if speed.headline is not None:
+    ui.ratio_metric(
+        cols[2],
+        "speed-up B vs A",
+        speed.headline,
+        help=(
+            "throughput: mean seconds per sample A/B (what an epoch's wall time follows)"
+            if speed.throughput is not None
+            else "median step time A/B (no batch sizes recorded for throughput)"
+        )
+        + "; > 1 means B is faster",
+    )
+if speed.throughput is not None and speed.step_time is not None:
+    ui.ratio_metric(
+        cols[3],
+        "median step-time ratio",
+        speed.step_time,
+        help="median step time A/B: the typical step; flatters fixes that make steps bimodal",
+    )
+sa, sb = da.summary["samples_per_s"], db.summary["samples_per_s"]
+cols[4].metric(
+    "samples/s A → B",
+    f"{fmt_num(sa)} → {fmt_num(sb)}",
+    help="throughput over the timed steps, all ranks",
+)
+if speed.headline is not None:
+    st.caption(speed_caption(speed))
+
+# -- breakdown before / after ------------------------------------------------------------------
+st.subheader("Where the step time goes")
+
+
+def _trace_shares(d: data.RunData) -> dict[str, float] | None:
+    paths, _ = trace_data.trace_files(d)
+    if not paths:
+        return None
+    try:
+        return dict(trace_data.trace_report(trace_data.file_stamp(paths)).breakdown)
+    except data.user_errors() as exc:
+        st.warning(f"run {d.run['id']}: trace not analysed: {data.one_line(exc)}")
+        return None
+
+
+shares_a, shares_b = _trace_shares(da), _trace_shares(db)
+if shares_a is not None and shares_b is not None:
+    st.plotly_chart(
+        breakdown_compare({label_a: shares_a, label_b: shares_b}, CATEGORIES),
+        key="breakdown_compare",
+    )
+    st.caption("From each run's profiler trace (trace engine categories).")
+else:
+    wa, wb = da.summary["data_wait_share"], db.summary["data_wait_share"]
+    if wa is None or wb is None:
+        st.info("Not enough timed steps in one of the runs for a breakdown.")
+    else:
+        basis = {
+            label_a: {"data wait": wa, "compute": 1 - wa},
+            label_b: {"data wait": wb, "compute": 1 - wb},
+        }
+        st.plotly_chart(breakdown_compare(basis, ["data wait", "compute"]), key="breakdown_compare")
+        st.caption(
+            "From the step timer (data wait / the rest), since "
+            + ("neither run has" if shares_a is None and shares_b is None else "only one run has")
+            + " a profiler trace."
+        )
+
+left, right = st.columns(2)
+with left:
+    st.markdown("**Step-time distributions** (timed steps)")
+    st.plotly_chart(step_time_distributions({label_a: ta, label_b: tb}), key="distributions")
+with right:
+    st.markdown("**Loss**")
+    fig = loss_overlay({label_a: da.steps, label_b: db.steps})
+    if fig is None:
+        st.info("Neither run recorded a loss.")
+    else:
+        st.plotly_chart(fig, key="loss")
+
+st.subheader("System")
+fig = system_timelines(
+    {
+        label_a: (da.samples, float(da.run["started_at"])),
+        label_b: (db.samples, float(db.run["started_at"])),
+    }
+)
+if fig is None:
+    st.info("Neither run has system samples.")
+else:
+    st.plotly_chart(fig, key="system_compare")
+
+# -- what changed -------------------------------------------------------------------------------
+st.subheader("What changed")
+edits = run_diff.command_diff(list(da.run["command"]), list(db.run["command"]))
+if edits:
+    st.markdown("**command**\n" + "\n".join(f"- `{e}`" for e in edits))
+else:
+    st.caption("Same command.")
+for label, d in ((label_a, da), (label_b, db)):
+    changes = applied_changes(d.run.get("config"))
+    if changes:
+        st.markdown(
+            f"**fixes applied in {label}**\n"
+            + "\n".join(f"- `{c['fix']}`: {c['change']} ({state(c)})" for c in changes)
+        )
+for column, what in (
+    ("config", "stepscope options"),
+    ("facts", "the job's settings"),
+    ("device", "torch and devices"),
+):
+    diff = run_diff.json_diff(da.run.get(column) or {}, db.run.get(column) or {})
+    if diff.empty:
+        st.caption(f"{column} ({what}): no difference.")
+    else:
+        st.markdown(f"**{column}** ({what})")
+        st.dataframe(diff, hide_index=True)

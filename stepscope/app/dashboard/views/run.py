@@ -1,0 +1,195 @@
+"""Run: one run's figures, diagnosis, charts, trace views and actions (``?run=ID``).
+
+``?run=`` takes what the CLI takes: an id, a name or ``last``, so a link can be typed.
+While the job runs, the headline and step charts redraw themselves every couple of
+seconds; the trace analyses are cached per trace file and run once.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+
+import streamlit as st
+
+from stepscope.app.dashboard import (
+    data,
+    findings_view,
+    run_actions,
+    stack_data,
+    stack_sections,
+    trace_data,
+    trace_sections,
+    ui,
+)
+from stepscope.app.dashboard import run_sections as sec
+from stepscope.app.dashboard.charts.system import system_timelines
+from stepscope.store import RunNotFound
+
+home = data.store_home()
+
+with ui.errors_as_one_line():
+    choices = data.run_choices(home)
+if choices.empty:
+    st.title("Run")
+    st.info("No runs yet. Start one with:", icon=":material/rocket_launch:")
+    st.code(ui.HOW_TO_START, language="bash")
+    st.stop()
+
+ref = st.query_params.get("run")
+with ui.errors_as_one_line():
+    try:
+        with data.open_store(home) as store:
+            run_id = store.resolve_run(ref) if ref else int(choices["id"].iloc[0])
+    except RunNotFound as exc:
+        st.title("Run")
+        st.page_link("views/runs.py", label="All runs", icon=":material/arrow_back:")
+        ui.fail(f"{data.one_line(exc)}")
+ui.set_query(run=run_id)
+
+with ui.errors_as_one_line():
+    if run_id not in set(choices["id"]):  # recorded between the two reads
+        choices = data.run_choices(home)
+ids = [int(i) for i in choices["id"]]
+names = dict(zip(ids, choices["name"], strict=True))
+statuses = dict(zip(ids, choices["status"], strict=True))
+picked = st.sidebar.selectbox(
+    "run",
+    ids,
+    index=ids.index(run_id),
+    format_func=lambda i: f"#{i} {names[i]} ({statuses[i]})",
+)
+if picked != run_id:
+    ui.set_query(run=picked)
+    st.rerun()
+st.sidebar.page_link(
+    "views/compare.py",
+    label="Compare with…",
+    icon=":material/compare_arrows:",
+    query_params={"b": str(run_id)},
+)
+
+with ui.errors_as_one_line():
+    header = data.run_header(home, run_id)
+    d = data.run_data(home, run_id, data.run_marker(header))
+run = d.run
+live = run["status"] == "running"
+
+st.title(f"Run {run_id} · {run['name']}")
+ui.status_badge(run["status"])
+started = datetime.fromtimestamp(run["started_at"]).strftime("%Y-%m-%d %H:%M:%S")
+end = run["ended_at"] if run["ended_at"] else time.time()
+st.caption(
+    f"started {started} · {end - run['started_at']:.1f} s"
+    + (" so far" if live else "")
+    + f" · host {run['host']} · folder `{d.run_dir}`"
+)
+st.code(ui.fmt_command(run["command"]), language="bash")
+sec.applied_section(run)
+if run["status"] in ("failed", "killed"):
+    st.error(f"{run['status']}: {ui.failure_line(run)}", icon=":material/error:")
+elif run["status"] in ("lost", "interrupted"):  # stopped by someone, not broken
+    st.warning(f"{run['status']}: {ui.failure_line(run)}", icon=":material/warning:")
+attached = stack_data.is_attach(run)  # no step timer and no bootstrap in the job: no Capture
+if live and attached:
+    st.page_link(
+        "views/attach.py",
+        label="Attaching now: follow it (progress, Stop)",
+        icon=":material/link:",
+        query_params={"run": str(run_id)},
+    )
+elif live:
+    run_actions.capture_action(d.run_dir)
+
+
+@st.fragment(run_every=data.LIVE_REFRESH_S if live else None)
+def live_headline() -> None:
+    """The headline figures: what changes while the job runs."""
+    with ui.errors_as_one_line():
+        h = data.run_header(home, run_id)
+        dd = data.run_data(home, run_id, data.run_marker(h))
+    if live and h["status"] != "running":
+        st.rerun(scope="app")  # finished: redraw everything once, then stop refreshing
+    if attached:
+        stack_sections.attach_headline(dd, stack_data.stack_view(home, run_id, data.run_marker(h)))
+    else:
+        sec.headline(dd)
+
+
+@st.fragment(run_every=data.LIVE_REFRESH_S if live else None)
+def live_stacks() -> None:
+    """Where the main thread spends its time; nothing at all for a run without stack
+    samples (only attached runs have them)."""
+    with ui.errors_as_one_line():
+        marker = data.run_marker(data.run_header(home, run_id))
+        view = stack_data.stack_view(home, run_id, marker)
+    if view is not None:
+        stack_sections.stacks_section(view)
+    elif live and attached:
+        st.subheader("Where the main thread spends its time")
+        st.info("No stack samples yet: they arrive a sampling window (a few seconds) at a time.")
+
+
+@st.fragment(run_every=data.LIVE_REFRESH_S if live else None)
+def live_step_charts() -> None:
+    with ui.errors_as_one_line():
+        dd = data.run_data(home, run_id, data.run_marker(data.run_header(home, run_id)))
+    sec.step_charts(dd, report)
+
+
+# -- trace ------------------------------------------------------------------------------
+paths, missing = trace_data.trace_files(d)
+report = None
+stamp = None
+if paths:
+    try:
+        stamp = trace_data.file_stamp(paths)
+        report = trace_data.trace_report(stamp)
+    except data.user_errors() as exc:
+        st.error(f"The trace could not be analysed: {data.one_line(exc)}", icon=":material/error:")
+        stamp = None
+    else:
+        for w in report.warnings:
+            st.caption(f":material/warning: {w}")
+
+live_headline()
+
+with ui.errors_as_one_line():
+    found = data.findings(home, run_id)
+findings_view.findings_section(home, run_id, found)
+
+if not attached:  # an attached job has no step timer: its stack samples stand in
+    st.subheader("Steps")
+    if report is None and not paths:
+        sec.no_trace_hint(run_id, live)
+    live_step_charts()
+live_stacks()
+
+tabs = st.tabs(["System", "Memory", "Kernels & operators", "Step timeline", "Files & tools", "Log"])
+with tabs[0]:
+    fig = system_timelines({"run": (d.samples, float(run["started_at"]))})
+    if fig is None:
+        st.info("No system samples were recorded for this run.")
+    else:
+        st.plotly_chart(fig, key="system")
+with tabs[1], ui.errors_as_one_line():
+    trace_sections.memory_section(report, stamp)
+with tabs[2]:
+    if report is None:
+        st.info("Kernels and operators come from a profiler trace; this run has none.")
+    else:
+        trace_sections.kernels_ops_section(report)
+with tabs[3]:
+    if stamp is None:
+        st.info("The step timeline comes from a profiler trace; this run has none.")
+    else:
+        with ui.errors_as_one_line():
+            trace_sections.timeline_section(stamp)
+with tabs[4]:
+    if paths or missing:
+        trace_sections.downloads(paths, missing)
+    else:
+        st.caption("No trace files.")
+    run_actions.tensorboard_action(d.run_dir, has_trace=bool(paths))
+with tabs[5]:
+    sec.events_section(d.events)

@@ -1,0 +1,144 @@
+"""Runs: every recorded run, newest first, with its headline figures and top finding.
+
+The table redraws itself every couple of seconds while any job runs (a fragment, so
+the filters and the rest of the page are not rebuilt), and stops doing so once none
+does: an idle dashboard left open all day costs nothing.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pandas as pd
+import streamlit as st
+
+from stepscope.app.dashboard import data, ui
+from stepscope.app.formats import fmt_pct
+from stepscope.types import Finding
+
+home = data.store_home()
+st.title("Runs")
+st.caption(f"run store: `{home}`")
+
+with ui.errors_as_one_line():
+    table = data.runs_table(home)
+
+if table.empty:
+    st.info(
+        "No runs yet. Start your training script under stepscope (no code change), "
+        "and it shows up here while it runs:",
+        icon=":material/rocket_launch:",
+    )
+    st.code(ui.HOW_TO_START, language="bash")
+    st.caption(
+        "Add `--profile-at 5 --profile-steps 3` to also capture a profiler trace of three "
+        "steps, or ask a running job for one later with `stepscope capture RUN`."
+    )
+    st.stop()
+
+f1, f2 = st.columns([2, 3])
+statuses = sorted(table["status"].unique())
+chosen = f1.multiselect("status", statuses, placeholder="all statuses", key="runs_status")
+name_filter = f2.text_input("name or command contains", key="runs_name").strip().lower()
+running_at_start = frozenset(table.loc[table["status"] == "running", "id"])
+
+
+def _finding_text(f: Finding | None) -> str:
+    if f is None:
+        return ""
+    share = f" ({fmt_pct(f.share, 0)} of step time)" if f.share is not None else ""
+    return f"{f.label}: {f.title}{share}"
+
+
+def _view(t: pd.DataFrame) -> pd.DataFrame:
+    """The table as shown: numbers stay numbers (sortable), units go in the column format."""
+    return pd.DataFrame(
+        {
+            "id": t["id"],
+            "open": [f"run?run={i}" for i in t["id"]],
+            "name": t["name"],
+            "status": [ui.STATUS_MARK.get(s, s) for s in t["status"]],
+            "steps": t["steps"],
+            "median step (ms)": t["step_time_median_s"].astype(float) * 1e3,
+            "samples/s": t["samples_per_s"].astype(float),
+            "data wait (%)": t["data_wait_share"].astype(float) * 100,
+            "top finding": [_finding_text(f) for f in t["top_finding"]],
+            "command": [ui.fmt_command(c) for c in t["command"]],
+            "started": [datetime.fromtimestamp(s) for s in t["started_at"]],
+        }
+    )
+
+
+def _filtered(t: pd.DataFrame) -> pd.DataFrame:
+    if chosen:
+        t = t[t["status"].isin(chosen)]
+    if name_filter:
+        hay = t["name"].str.lower() + " " + t["command"].map(ui.fmt_command).str.lower()
+        t = t[hay.str.contains(name_filter, regex=False)]
+    return t
+
+
+@st.fragment(run_every=data.LIVE_REFRESH_S if running_at_start else None)
+def runs_view() -> None:
+    with ui.errors_as_one_line():
+        t = data.runs_table(home)
+    running = frozenset(t.loc[t["status"] == "running", "id"])
+    if running != running_at_start:
+        st.rerun(scope="app")  # a job started or ended: refresh on/off changes too
+    if running:
+        st.badge(
+            f"{len(running)} running · live",
+            icon=":material/sync:",
+            color="blue",
+            help=f"the table refreshes every {data.LIVE_REFRESH_S:g} s while jobs run",
+        )
+    shown = _filtered(t)
+    st.caption(f"{len(shown)} of {len(t)} runs")
+    event = st.dataframe(
+        _view(shown),
+        hide_index=True,
+        on_select="rerun",
+        selection_mode="multi-row",
+        key="runs_table",
+        column_config={
+            "id": st.column_config.NumberColumn("id", format="%d", width="small"),
+            "open": st.column_config.LinkColumn("open", display_text="open ›", width="small"),
+            "median step (ms)": st.column_config.NumberColumn(format="%.1f"),
+            "samples/s": st.column_config.NumberColumn(format="%.1f"),
+            "data wait (%)": st.column_config.NumberColumn(format="%.1f"),
+            "started": st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm:ss"),
+            "command": st.column_config.TextColumn(width="large"),
+        },
+    )
+    selected = [int(shown["id"].iloc[i]) for i in event.selection.rows] if event else []
+    ids = [int(i) for i in shown["id"]]
+    if not ids:
+        st.info("No run matches the filters.")
+        return
+
+    def label(run_id: int) -> str:
+        row = t[t["id"] == run_id].iloc[0]
+        return f"#{run_id} {row['name']} ({row['status']})"
+
+    c1, c2, c3 = st.columns([3, 1, 2], vertical_alignment="bottom")
+    pick = c1.selectbox(
+        "run", ids, index=ids.index(selected[0]) if selected else 0, format_func=label
+    )
+    c2.page_link(
+        "views/run.py",
+        label="Open run",
+        icon=":material/open_in_new:",
+        query_params={"run": str(pick)},
+    )
+    pair = sorted(selected[:2]) if len(selected) >= 2 else sorted(ids[:2])
+    if len(pair) == 2:
+        c3.page_link(
+            "views/compare.py",
+            label=f"Compare #{pair[0]} → #{pair[1]}",
+            icon=":material/compare_arrows:",
+            query_params={"a": str(pair[0]), "b": str(pair[1])},
+        )
+    st.caption("Select one row to open it, two to compare them (older one as the baseline).")
+
+
+runs_view()

@@ -1,1 +1,0 @@
-"""The dashboard pages (Streamlit scripts run by ``st.navigation`` in ``dashboard.py``)."""
