@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from stepscope.fixes import dataloader_workers
 from stepscope.fixes.base import Advice, Fix
 from stepscope.fixes.dataloader_workers import LOADER_BUSY_PERCENT
 from stepscope.fixes.points import Change
@@ -186,7 +187,7 @@ def _choose_params(ctx: Any, finding: str | None) -> tuple[dict[str, Any], str]:
     """``ctx``: the plan's context (``cores``, ``ids``, ``wait``, ``planned_workers``,
     ``settings``, ``run``, ``advice(fix_id)``)."""
     busy = 0
-    if "dataloader_workers" in ctx.ids and ctx.wait.kind != "io":
+    if dataloader_workers.FIX.id in ctx.ids and ctx.wait.kind != "io":
         busy = ctx.planned_workers()  # the workers this plan adds will be CPU-busy
     # what the job runs: its last own reading, else the one at its first step
     current = ctx.settings.get("threads") or (ctx.run.get("device") or {}).get("threads")
