@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import orjson
+from rich.table import Table
 
 from stepscope.analyzers.breakdown import CATEGORIES
 from stepscope.analyzers.diagnosis import Diagnosis, diagnose_report, diagnose_run
@@ -208,12 +209,10 @@ def _print_report(report: TraceReport, top: int) -> None:
         console.print(t)
 
     if not report.kernels_top.empty:
-        t = term.table(title=f"Top {top} kernels by total time")
-        for col in ("kernel", "class", "count", "total ms", "mean us", "max us", "share"):
-            if col == "kernel":
-                t.add_column(col, no_wrap=True, overflow="ellipsis", max_width=60)
-            else:
-                t.add_column(col, justify="right", no_wrap=True)
+        t = _name_table(
+            f"Top {top} kernels by total time",
+            ("kernel", "class", "count", "total ms", "mean us", "max us", "share"),
+        )
         for r in report.kernels_top.head(top).itertuples():
             t.add_row(
                 esc(_short(r.name)),
@@ -227,12 +226,10 @@ def _print_report(report: TraceReport, top: int) -> None:
         console.print(t)
 
     if not report.ops_top.empty:
-        t = term.table(title=f"Top {top} CPU operators by self time")
-        for col in ("operator", "count", "self ms", "total ms", "share of self"):
-            if col == "operator":
-                t.add_column(col, no_wrap=True, overflow="ellipsis", max_width=60)
-            else:
-                t.add_column(col, justify="right", no_wrap=True)
+        t = _name_table(
+            f"Top {top} CPU operators by self time",
+            ("operator", "count", "self ms", "total ms", "share of self"),
+        )
         for r in report.ops_top.head(top).itertuples():
             t.add_row(
                 esc(_short(r.name)),
@@ -245,3 +242,12 @@ def _print_report(report: TraceReport, top: int) -> None:
 
     for w in report.warnings:
         console.print(f"[yellow]warning:[/yellow] {esc(w)}")
+
+
+def _name_table(title: str, columns: tuple[str, ...]) -> Table:
+    """A table whose first column is a long name (cut with an ellipsis), then numbers."""
+    t = term.table(title=title)
+    t.add_column(columns[0], no_wrap=True, overflow="ellipsis", max_width=60)
+    for col in columns[1:]:
+        t.add_column(col, justify="right", no_wrap=True)
+    return t

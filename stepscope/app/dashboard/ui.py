@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 import streamlit as st
 
-from stepscope.app.dashboard.data import one_line, user_errors
+from stepscope.app.dashboard.data import one_line, run_choices, user_errors
 from stepscope.app.formats import fmt_ratio, missing
 from stepscope.optim_runner.stats import SpeedupCI
 
@@ -118,3 +118,28 @@ def errors_as_one_line() -> Iterator[None]:
         yield
     except user_errors() as exc:
         fail(one_line(exc))
+
+
+def sidebar_run_picker(
+    home: str, choices: Any, run_id: int, with_status: bool = False, **query: int | None
+) -> None:
+    """The sidebar's run selector: picking another run reruns the page on it.
+
+    ``choices``: ``data.run_choices`` (read again when ``run_id`` was recorded after it);
+    ``query``: other URL parameters to set with the new run (None clears one).
+    """
+    with errors_as_one_line():
+        if run_id not in set(choices["id"]):  # recorded between the two reads
+            choices = run_choices(home)
+    ids = [int(i) for i in choices["id"]]
+    names = dict(zip(ids, choices["name"], strict=True))
+    statuses = dict(zip(ids, choices["status"], strict=True))
+    picked = st.sidebar.selectbox(
+        "run",
+        ids,
+        index=ids.index(run_id),
+        format_func=lambda i: f"#{i} {names[i]}" + (f" ({statuses[i]})" if with_status else ""),
+    )
+    if picked != run_id:
+        set_query(run=picked, **query)
+        st.rerun()

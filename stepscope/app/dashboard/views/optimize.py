@@ -54,20 +54,7 @@ else:
             ui.fail(data.one_line(exc))
 ui.set_query(run=run_id, experiment=experiment_id)
 
-with ui.errors_as_one_line():
-    if run_id not in set(choices["id"]):  # recorded between the two reads
-        choices = data.run_choices(home)
-ids = [int(i) for i in choices["id"]]
-names = dict(zip(ids, choices["name"], strict=True))
-picked = st.sidebar.selectbox(
-    "run",
-    ids,
-    index=ids.index(run_id),
-    format_func=lambda i: f"#{i} {names[i]}",
-)
-if picked != run_id:
-    ui.set_query(run=picked, experiment=None)
-    st.rerun()
+ui.sidebar_run_picker(home, choices, run_id, experiment=None)
 
 with ui.errors_as_one_line():
     header = data.run_header(home, run_id)

@@ -47,21 +47,7 @@ with ui.errors_as_one_line():
         ui.fail(f"{data.one_line(exc)}")
 ui.set_query(run=run_id)
 
-with ui.errors_as_one_line():
-    if run_id not in set(choices["id"]):  # recorded between the two reads
-        choices = data.run_choices(home)
-ids = [int(i) for i in choices["id"]]
-names = dict(zip(ids, choices["name"], strict=True))
-statuses = dict(zip(ids, choices["status"], strict=True))
-picked = st.sidebar.selectbox(
-    "run",
-    ids,
-    index=ids.index(run_id),
-    format_func=lambda i: f"#{i} {names[i]} ({statuses[i]})",
-)
-if picked != run_id:
-    ui.set_query(run=picked)
-    st.rerun()
+ui.sidebar_run_picker(home, choices, run_id, with_status=True)
 st.sidebar.page_link(
     "views/compare.py",
     label="Compare with…",
