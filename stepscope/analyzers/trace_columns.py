@@ -77,7 +77,7 @@ def _floats(values: Sequence) -> np.ndarray:
         )
 
 
-def _us_to_ns(values: Sequence) -> np.ndarray:
+def us_to_ns(values: Sequence) -> np.ndarray:
     """Microseconds (int or float) -> int64 ns without losing what float64 holds.
 
     ``ts_us * 1000`` in float64 would round epoch timestamps (~1.7e18 ns) to 256 ns;
@@ -89,7 +89,7 @@ def _us_to_ns(values: Sequence) -> np.ndarray:
     return whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000).astype(np.int64)
 
 
-def _stable_ids(values: Sequence) -> np.ndarray:
+def stable_ids(values: Sequence) -> np.ndarray:
     """pid/tid -> int64; numeric strings keep their number, other strings get a stable
     negative id (crc32), so the same thread gets the same id in every file."""
     try:
@@ -247,10 +247,10 @@ def complete_events(xs: list[dict], rank: int) -> pd.DataFrame:
     )
     cat = _categories(cat_raw)
     names = _names(name_raw)
-    ts = _us_to_ns(ts_raw)
-    dur = np.maximum(_us_to_ns(dur_raw), 0)
-    pid = _stable_ids(pid_raw)
-    tid = _stable_ids(tid_raw)
+    ts = us_to_ns(ts_raw)
+    dur = np.maximum(us_to_ns(dur_raw), 0)
+    pid = stable_ids(pid_raw)
+    tid = stable_ids(tid_raw)
     del cat_raw, name_raw, ts_raw, dur_raw, pid_raw, tid_raw
     args = _dicts(args)
 
@@ -309,7 +309,7 @@ def memory_events(mem: list[dict], rank: int) -> pd.DataFrame:
     df = pd.DataFrame(
         {
             "rank": np.full(len(mem), rank, dtype=np.int16),
-            "ts": _us_to_ns(ts_raw),
+            "ts": us_to_ns(ts_raw),
             "device_type": _ints(dev_type),
             "device_id": _ints(dev_id),
             "bytes": _ints(nbytes, default=0),

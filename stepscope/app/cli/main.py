@@ -136,6 +136,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-dashboard", action="store_true", help="stop after the experiment (no browser)"
     )
 
+    cal = sub.add_parser(
+        "calibrate",
+        help="measure this host's matmul FLOP/s and memory bandwidth (a few seconds) and cache it",
+        description="Measure matmul FLOP/s at the given dtype and thread count and a "
+        "stream-like memory bandwidth (copy, triad), and cache the figures per host in the "
+        "store directory: the peak that CPU jobs' ratios are shown against.",
+    )
+    cal.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    cal.add_argument(
+        "--threads", type=int, metavar="N", help="torch threads (default: torch's default)"
+    )
+    cal.add_argument(
+        "--seconds", type=float, default=3.0, metavar="S", help="time budget (default 3)"
+    )
+    cal.add_argument("--json", action="store_true", help="print JSON")
+
     dash = sub.add_parser("dashboard", help="open the dashboard in the browser (Streamlit)")
     dash.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     dash.add_argument("--port", type=int, default=8501, help="port (default 8501)")
@@ -223,6 +239,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 steps=args.steps,
                 trials=args.trials,
                 dashboard=not args.no_dashboard,
+            )
+        if args.verb == "calibrate":
+            from stepscope.app.cli.calibrate import cmd_calibrate  # local: see above
+
+            return cmd_calibrate(
+                dtype=args.dtype, threads=args.threads, seconds=args.seconds, as_json=args.json
             )
         if args.verb == "dashboard":
             from stepscope.app.cli.dashboard import cmd_dashboard  # local: see above
