@@ -152,6 +152,9 @@ class Finding:
     skipped: list[SkippedFix] = field(default_factory=list)
     extra_cost: float = 0.0  # findings without a time share that still rank (an OOM)
     level: str | None = None
+    # The phase of the step it lives in ('data_wait', 'forward', 'backward', 'optimizer',
+    # 'communication', 'sync', or 'forward+backward'); None where no phase owns it (capacity).
+    phase: str | None = None
 
     def __post_init__(self) -> None:
         self.klass = BottleneckClass(self.klass)
@@ -178,6 +181,7 @@ class Finding:
             "cost": round(self.cost, 4),
             "confidence": round(self.confidence, 2),
             "level": self.level,
+            "phase": self.phase,
             "evidence": [e.to_json() for e in self.evidence],
             "fixes": [f.to_json() for f in self.fixes],
             "skipped_fixes": [s.to_json() for s in self.skipped],
@@ -202,6 +206,7 @@ class Finding:
                 SkippedFix(str(s["id"]), str(s["reason"])) for s in d.get("skipped_fixes") or []
             ],
             level=d.get("level"),
+            phase=d.get("phase"),
         )
 
 

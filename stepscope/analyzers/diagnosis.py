@@ -25,7 +25,7 @@ from typing import Any
 from stepscope.analyzers.evidence import Evidence, from_trace, gather
 from stepscope.analyzers.recommend import recommend
 from stepscope.analyzers.rules_communication import collectives, host_device
-from stepscope.analyzers.rules_compute import device_compute, host_overhead
+from stepscope.analyzers.rules_compute import device_compute, host_overhead, optimizer_step
 from stepscope.analyzers.rules_io import input_pipeline, storage, waiting_process
 from stepscope.analyzers.rules_memory import memory_bandwidth, memory_capacity
 from stepscope.analyzers.trace_load import TraceError
@@ -60,6 +60,7 @@ RULES: tuple[Callable[[Evidence], Finding | None], ...] = (
     input_pipeline,
     storage,
     host_overhead,
+    optimizer_step,
     device_compute,
     memory_bandwidth,
     memory_capacity,

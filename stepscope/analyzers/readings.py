@@ -11,6 +11,7 @@ from stepscope.analyzers.evidence import Evidence
 from stepscope.analyzers.kernels import cpu_op_classes
 from stepscope.analyzers.stacks import LABELS
 from stepscope.analyzers.step_stats import describe_wait_outliers
+from stepscope.analyzers.thresholds import OPTIMIZER_MIN
 from stepscope.types import EvidenceItem
 
 
@@ -75,6 +76,87 @@ def outlier_note(ev: Evidence, source: str) -> list[EvidenceItem]:
         if raw is not None
         else []
     )
+
+
+def step_phase_shares(ev: Evidence) -> tuple[dict[str, float] | None, str]:
+    """The step's phases as shares of step time, from the best evidence that has them:
+    the trace's annotations (``phases.py``), the step timer's hooks, the stack samples."""
+    if ev.trace is not None and ev.trace.phase_shares:
+        return dict(ev.trace.phase_shares), "trace phases"
+    phases = (ev.steps or {}).get("phases")
+    if phases:
+        return {name: float(p["share"]) for name, p in phases.items()}, "step timer"
+    if ev.stacks is not None:
+        shares = ev.stacks["shares"]
+        named = {"data_wait": "data_loading", "sync": "sync", "other": "elsewhere"}
+        phases = {p: named.get(p, p) for p in ("data_wait", "forward", "backward", "optimizer")}
+        phases |= {"sync": "sync", "other": "elsewhere"}
+        return {p: float(shares[s]) for p, s in phases.items()}, "stack samples"
+    return None, ""
+
+
+#: Kernel classes that are the device's work (not copies, sets or communication): the
+#: roofline splits their time between compute-bound and memory-bound.
+WORK_KERNEL_CLASSES = ("gemm_conv", "elementwise", "reduction", "normalization")
+
+
+def roofline_split(ev: Evidence) -> dict[str, float | str] | None:
+    """Of the counted operators' time, the fraction in compute-bound and in memory-bound
+    classes, by the roofline (FLOPs and bytes from shapes, against the device's roofs);
+    None where the trace recorded no shapes or no peak is known (the names decide then).
+    """
+    roof = ev.trace.roofline if ev.trace is not None else None
+    if roof is None or roof.basis != "shapes" or roof.peak is None or roof.classes.empty:
+        return None
+    classes = roof.classes.dropna(subset=["bound"])
+    total = float(classes["time_ns"].sum())
+    if total <= 0:
+        return None
+    compute = classes[classes["bound"] == "compute"]
+    return {
+        "compute": float(compute["time_ns"].sum()) / total,
+        "memory": 1.0 - float(compute["time_ns"].sum()) / total,
+        "compute_classes": ", ".join(compute["op_class"]) or "none",
+        "memory_classes": ", ".join(classes.loc[classes["bound"] == "memory", "op_class"])
+        or "none",
+        "peak": roof.peak.name,
+        "mfu": roof.mfu if roof.mfu is not None else float("nan"),
+    }
+
+
+def work_share(ev: Evidence) -> tuple[float, str]:
+    """Share of the step the device's (or the CPU's) own work takes: the time a roofline
+    splits into compute-bound and memory-bound."""
+    if has_gpu_trace(ev):
+        return kernel_time_share(ev, WORK_KERNEL_CLASSES)[0], "kernel"
+    classes = cpu_classes(ev)
+    fraction = classes["gemm_conv"]["fraction"] + classes["pointwise"]["fraction"]
+    return fraction * float(ev.trace.breakdown.get("CPU Exec", 0)), "CPU op"
+
+
+def basis_evidence(split: dict[str, float | str] | None, bound: str) -> EvidenceItem:
+    """Which basis classified the time as compute or memory, said in the finding."""
+    if split is None:
+        return EvidenceItem.of(
+            "basis: kernel/operator names (no recorded shapes or no known peak for a roofline)",
+            None,
+            "trace",
+        )
+    return EvidenceItem.of(
+        f"basis: roofline (FLOPs and bytes from recorded shapes, {split['peak']} roofs): "
+        f"{bound}-bound classes ({split[bound + '_classes']}) {pct(float(split[bound]))} of "
+        "the counted operators' time",
+        float(split[bound]),
+        "trace roofline",
+    )
+
+
+def optimizer_finding_share(ev: Evidence) -> tuple[float, str]:
+    """The optimizer step's share where it has its own finding (``optimizer_step``), else
+    0: the compute and bandwidth rules leave it out of theirs, not to count it twice."""
+    shares, source = step_phase_shares(ev)
+    share = float((shares or {}).get("optimizer") or 0.0)
+    return (share, source) if share >= OPTIMIZER_MIN else (0.0, source)
 
 
 def stack_phases(ev: Evidence, phases: tuple[str, ...]) -> str:

@@ -38,8 +38,11 @@ MAX_BOUND = 20.0  # a bound above this says nothing more than "large"
 CUDA_ONLY = frozenset({"cuda", "tf32", "bf16_tensor_cores"})
 
 
-def predict(fix: Fix, share: float | None) -> tuple[float | None, str]:
-    """(upper bound of the speed-up, how it was derived)."""
+def predict(
+    fix: Fix, share: float | None, removes: float | None = None
+) -> tuple[float | None, str]:
+    """(upper bound of the speed-up, how it was derived); ``removes`` overrides the fix's
+    own fraction for this finding (``Advice.removes``)."""
     if share is None or share <= 0:
         return None, "no share of step time to bound it (capacity: it makes room, not speed)"
     s = min(share, 0.999)
@@ -47,10 +50,10 @@ def predict(fix: Fix, share: float | None) -> tuple[float | None, str]:
         k = fix.typical.hi
         bound = 1.0 / ((1.0 - s) + s / k)
         basis = f"Amdahl: {100 * s:.0f} % of the step sped up by at most {k:g}x"
-    elif fix.removes > 0:
-        removed = s * fix.removes
+    elif (removes := fix.removes if removes is None else removes) > 0:
+        removed = s * removes
         bound = 1.0 / (1.0 - removed)
-        what = "all" if fix.removes >= 1 else f"up to {100 * fix.removes:.0f} % of"
+        what = "all" if removes >= 1 else f"up to {100 * removes:.0f} % of"
         basis = f"Amdahl: removes {what} the {100 * s:.0f} % share"
     else:
         return None, "does not speed the step up by itself"
@@ -78,7 +81,7 @@ def recommend(finding: Finding, ev: Evidence) -> None:
             finding.skipped.append(SkippedFix(fix.id, advice))
             continue
         share = finding.share if advice.share is None else advice.share
-        predicted, basis = predict(fix, share)
+        predicted, basis = predict(fix, share, advice.removes)
         chosen.append(
             FixAdvice(
                 id=fix.id,

@@ -39,6 +39,7 @@ def collectives(ev: Evidence) -> Finding | None:
         share,
         0.85 if share >= COMM_HIGH else 0.55,
         evidence,
+        phase="communication",
     )
 
 
@@ -90,6 +91,7 @@ def host_device(ev: Evidence) -> Finding | None:
         share,
         0.7,
         evidence,
+        phase="sync",
     )
 
 
@@ -117,4 +119,5 @@ def _syncs_from_stacks(ev: Evidence) -> Finding | None:
         share,
         0.6,
         evidence,
+        phase="sync",
     )

@@ -11,15 +11,20 @@ import math
 
 from stepscope.analyzers.evidence import Evidence
 from stepscope.analyzers.readings import (
+    basis_evidence,
     cpu_classes,
     data_wait,
     gpu_util_samples,
     gpu_util_trace,
     has_gpu_trace,
     kernel_time_share,
+    optimizer_finding_share,
     outlier_note,
     pct,
+    roofline_split,
     stack_phases,
+    step_phase_shares,
+    work_share,
 )
 from stepscope.analyzers.thresholds import (
     COMPUTING_CPU_PERCENT,
@@ -28,12 +33,16 @@ from stepscope.analyzers.thresholds import (
     HOST_MIN,
     INPUT_HIGH,
     KERNEL_MIN,
+    OPTIMIZER_MIN,
     PRODUCTIVE_WEIGHT,
     TENSOR_CORE_MIN,
 )
 from stepscope.types import EvidenceItem, Finding
 
 MODEL_PHASES = ("forward", "backward", "optimizer")  # stack phases that are the model's work
+# Most of an unfused optimizer step can go (a fused step, ``fixes/fused_optimizer.py``):
+# its cost is nearly its share, unlike GEMM time (PRODUCTIVE_WEIGHT).
+REMOVABLE_OPTIMIZER_WEIGHT = 0.9
 
 
 def host_overhead(ev: Evidence) -> Finding | None:
@@ -127,19 +136,23 @@ def host_overhead(ev: Evidence) -> Finding | None:
 
 
 def device_compute(ev: Evidence) -> Finding | None:
+    split = roofline_split(ev)
     if has_gpu_trace(ev):
         share, fraction = kernel_time_share(ev, ("gemm_conv",))
-        if share < KERNEL_MIN:
-            return None
-        util = gpu_util_trace(ev) or 0.0
         evidence = [
             EvidenceItem.of(
                 f"GEMM/conv kernels {pct(share)} of step time ({pct(fraction)} of kernel time)",
                 share,
                 "trace",
-            ),
-            EvidenceItem.of(f"GPU busy {pct(util)} of the step", util, "trace"),
+            )
         ]
+        if split is not None:
+            share = work_share(ev)[0] * float(split["compute"])
+            evidence += _roofline_evidence(split)
+        if share < KERNEL_MIN:
+            return None
+        util = gpu_util_trace(ev) or 0.0
+        evidence.append(EvidenceItem.of(f"GPU busy {pct(util)} of the step", util, "trace"))
         title = "Device compute: GEMM/convolution kernels"
         tc = (
             ev.trace.gpu["tensor_core_share_modern"].mean()
@@ -163,13 +176,12 @@ def device_compute(ev: Evidence) -> Finding | None:
             0.8 if util >= GPU_UTIL_BUSY else 0.65,
             evidence,
             weight=PRODUCTIVE_WEIGHT,
+            phase="forward+backward",
         )
     if ev.trace is not None:
         classes = cpu_classes(ev)
         cpu_exec = float(ev.trace.breakdown.get("CPU Exec", 0))
         share = classes["gemm_conv"]["fraction"] * cpu_exec
-        if share < KERNEL_MIN:
-            return None
         evidence = [
             EvidenceItem.of(
                 f"matmul/conv operators {pct(classes['gemm_conv']['fraction'])} of CPU op time",
@@ -180,6 +192,11 @@ def device_compute(ev: Evidence) -> Finding | None:
                 f"CPU operators running {pct(cpu_exec)} of the step", cpu_exec, "trace breakdown"
             ),
         ]
+        if split is not None:
+            share = work_share(ev)[0] * float(split["compute"])
+            evidence += _roofline_evidence(split)
+        if share < KERNEL_MIN:
+            return None
         return Finding(
             "compute",
             "device_compute",
@@ -188,6 +205,7 @@ def device_compute(ev: Evidence) -> Finding | None:
             0.8,
             evidence,
             weight=PRODUCTIVE_WEIGHT,
+            phase="forward+backward",
         )
     # No trace: the step time that is not data wait is compute of some kind.
     data, _ = data_wait(ev)
@@ -199,6 +217,16 @@ def device_compute(ev: Evidence) -> Finding | None:
             EvidenceItem.of(f"not waiting for data {pct(share)} of step time", share, "step timer")
         )
         evidence.extend(outlier_note(ev, "step timer"))
+        optimizer, source = optimizer_finding_share(ev)
+        if optimizer:
+            share -= optimizer
+            evidence.append(
+                EvidenceItem.of(
+                    f"less the optimizer step ({pct(optimizer)}, its own finding)",
+                    optimizer,
+                    source,
+                )
+            )
         confidence = 0.45
     elif ev.stacks is not None:
         share = sum(ev.stacks["shares"][p] for p in MODEL_PHASES)
@@ -252,4 +280,51 @@ def device_compute(ev: Evidence) -> Finding | None:
         confidence,
         evidence,
         weight=PRODUCTIVE_WEIGHT,
+        phase="forward+backward",
+    )
+
+
+def _roofline_evidence(split: dict[str, float | str]) -> list[EvidenceItem]:
+    items = [basis_evidence(split, "compute")]
+    mfu = float(split["mfu"])
+    if mfu == mfu:  # not NaN
+        items.append(EvidenceItem.of(f"MFU {pct(mfu)} of {split['peak']}", mfu, "trace roofline"))
+    return items
+
+
+def optimizer_step(ev: Evidence) -> Finding | None:
+    """The optimizer step's own phase: a per-parameter loop over many tensors.
+
+    Its elementwise ops also show up as memory-bandwidth or host-overhead time; this
+    finding names the phase and the fix for it (a fused step), and ``memory_bandwidth``
+    leaves the optimizer's share out of its own.
+    """
+    shares, source = step_phase_shares(ev)
+    share = (shares or {}).get("optimizer")
+    if share is None or share < OPTIMIZER_MIN:
+        return None
+    evidence = [EvidenceItem.of(f"optimizer step {pct(share)} of the step", share, source)]
+    model = (shares.get("forward") or 0.0) + (shares.get("backward") or 0.0)
+    if model:
+        evidence.append(
+            EvidenceItem.of(f"forward and backward together {pct(model)}", model, source)
+        )
+    opt = ev.context.optimizer
+    if opt.get("class"):
+        how = "fused" if opt.get("fused") else "foreach" if opt.get("foreach") else "default"
+        tensors = opt.get("param_tensors")
+        text = f"{opt['class']} ({how} implementation)" + (
+            f" over {tensors:,} parameter tensors" if tensors else ""
+        )
+        evidence.append(EvidenceItem.of(text, tensors, "job facts"))
+    confidence = 0.85 if source == "trace phases" else 0.7 if source == "step timer" else 0.55
+    return Finding(
+        "compute",
+        "optimizer_step",
+        "Optimizer step: a large share of every step",
+        share,
+        confidence,
+        evidence,
+        weight=REMOVABLE_OPTIMIZER_WEIGHT,
+        phase="optimizer",
     )

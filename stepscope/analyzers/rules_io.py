@@ -62,6 +62,7 @@ def input_pipeline(ev: Evidence) -> Finding | None:
         share,
         confidence,
         evidence,
+        phase="data_wait",
     )
 
 
@@ -86,6 +87,7 @@ def storage(ev: Evidence) -> Finding | None:
         share if share is not None else iowait / 100,
         0.6,
         evidence,
+        phase="data_wait",
     )
 
 

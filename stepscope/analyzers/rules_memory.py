@@ -8,7 +8,16 @@ first through the finding's ``extra_cost``.
 from __future__ import annotations
 
 from stepscope.analyzers.evidence import Evidence
-from stepscope.analyzers.readings import cpu_classes, has_gpu_trace, kernel_time_share, pct
+from stepscope.analyzers.readings import (
+    basis_evidence,
+    cpu_classes,
+    has_gpu_trace,
+    kernel_time_share,
+    optimizer_finding_share,
+    pct,
+    roofline_split,
+    work_share,
+)
 from stepscope.analyzers.thresholds import (
     CAPACITY_HIGH,
     FRAGMENTATION_RATIO,
@@ -29,8 +38,6 @@ def memory_bandwidth(ev: Evidence) -> Finding | None:
         fraction = classes["pointwise"]["fraction"]
         share = fraction * float(ev.trace.breakdown.get("CPU Exec", 0))
         source = "CPU op"
-    if share < KERNEL_MIN:
-        return None
     evidence = [
         EvidenceItem.of(
             f"elementwise/normalisation/reduction {pct(share)} of step time ({pct(fraction)} of {source} time)",
@@ -38,6 +45,23 @@ def memory_bandwidth(ev: Evidence) -> Finding | None:
             "trace",
         )
     ]
+    split = roofline_split(ev)
+    evidence.append(basis_evidence(split, "memory"))
+    if split is not None:  # the roofline, not the names, says what is memory-bound
+        share = work_share(ev)[0] * float(split["memory"])
+    optimizer, phases = optimizer_finding_share(ev)
+    if optimizer:
+        # the optimizer step is elementwise work too: it has its own finding and fix
+        share = max(0.0, share - optimizer)
+        evidence.append(
+            EvidenceItem.of(
+                f"less the optimizer step ({pct(optimizer)}, its own finding): {pct(share)}",
+                optimizer,
+                phases,
+            )
+        )
+    if share < KERNEL_MIN:
+        return None
     gemm = (
         kernel_time_share(ev, ("gemm_conv",))[1]
         if source == "kernel"
@@ -52,6 +76,7 @@ def memory_bandwidth(ev: Evidence) -> Finding | None:
         0.8 if fraction >= 0.5 else 0.6,
         evidence,
         weight=PRODUCTIVE_WEIGHT,
+        phase="forward+backward",
     )
 
 

@@ -26,14 +26,18 @@ from stepscope.analyzers.breakdown import (
     step_breakdown,
 )
 from stepscope.analyzers.communication import communication_summary
+from stepscope.analyzers.flops import operator_flops
 from stepscope.analyzers.gpu_metrics import gpu_metrics
 from stepscope.analyzers.hta_rules import hta_device_events
 from stepscope.analyzers.idle_time import idle_time_breakdown
 from stepscope.analyzers.kernels import class_summary, device_work, top_kernels, top_ops
 from stepscope.analyzers.memory import memory_summary
+from stepscope.analyzers.phases import phase_shares, step_phases
+from stepscope.analyzers.roofline import Roofline, job_dtype, roofline
 from stepscope.analyzers.syncs import host_device_syncs
 from stepscope.analyzers.temporal import temporal_breakdown
 from stepscope.analyzers.trace_load import Trace, load_trace
+from stepscope.store.calibration import cached_calibration
 
 ALL_OPS = 100_000
 
@@ -58,6 +62,10 @@ class TraceReport:
     memory: dict[str, Any] | None
     warnings: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    # phases of each step (phases.step_phases) and their shares over all steps
+    phases: pd.DataFrame | None = None
+    phase_shares: dict[str, float] = field(default_factory=dict)
+    roofline: Roofline | None = None  # FLOPs from shapes against the device's peak
 
     def to_json(self, top: int | None = None) -> dict[str, Any]:
         """Plain JSON types only (NaN -> null), for ``--json`` and for the store."""
@@ -92,6 +100,11 @@ class TraceReport:
             "kernels_top": _records(k),
             "syncs": None if self.syncs is None else _records(self.syncs),
             "ops_top": _records(o),
+            "phases": {
+                "shares": _plain(self.phase_shares),
+                "per_step": None if self.phases is None else _records(self.phases),
+            },
+            "roofline": None if self.roofline is None else self.roofline.to_json(),
             "warnings": list(self.warnings),
             "timings_s": _plain(self.timings),
         }
@@ -132,8 +145,24 @@ def _section(
         timings[name] = time.perf_counter() - t0
 
 
-def analyze_trace(paths: str | Path | Sequence[str | Path]) -> TraceReport:
-    """Load the trace(s) and run every analysis. Raises TraceError for unreadable input."""
+def _roofline(trace: Trace, steps: pd.DataFrame, calibration_home: str | Path | None) -> Roofline:
+    """The roofline against the device's table row, or, for a CPU-only trace, against
+    this host's calibration at the job's dtype (from ``calibration_home``)."""
+    ops = operator_flops(trace)
+    calibration = None
+    if calibration_home is not None and not trace.has_device:
+        calibration = cached_calibration(calibration_home, job_dtype(ops))
+    return roofline(trace, ops, steps=steps, calibration=calibration)
+
+
+def analyze_trace(
+    paths: str | Path | Sequence[str | Path], calibration_home: str | Path | None = None
+) -> TraceReport:
+    """Load the trace(s) and run every analysis. Raises TraceError for unreadable input.
+
+    ``calibration_home``: the stepscope home whose ``stepscope calibrate`` results give a
+    CPU-only trace its roofs (None: no CPU roofs; a GPU trace uses the peak table).
+    """
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     trace = load_trace(paths)
@@ -151,6 +180,7 @@ def analyze_trace(paths: str | Path | Sequence[str | Path]) -> TraceReport:
         )
 
     gpu = _section("gpu", lambda t: gpu_metrics(t, steps), trace, warnings, timings)
+    phases = _section("phases", lambda t: step_phases(t, steps), trace, warnings, timings)
     t0 = time.perf_counter()
     work = device_work(trace)
     kernels_top = top_kernels(trace, n=50, work=work)
@@ -184,6 +214,9 @@ def analyze_trace(paths: str | Path | Sequence[str | Path]) -> TraceReport:
         timings,
     )
     memory = _section("memory", memory_summary, trace, warnings, timings)
+    roof = _section(
+        "roofline", lambda t: _roofline(t, steps, calibration_home), trace, warnings, timings
+    )
 
     ev = trace.events
     summary = {
@@ -224,6 +257,9 @@ def analyze_trace(paths: str | Path | Sequence[str | Path]) -> TraceReport:
         memory=memory,
         warnings=warnings,
         timings=timings,
+        phases=phases,
+        phase_shares=phase_shares(phases) if phases is not None and len(phases) else {},
+        roofline=roof,
     )
 
 

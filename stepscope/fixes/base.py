@@ -45,9 +45,12 @@ def _never(ctx: JobContext) -> bool | None:
 @dataclass(frozen=True)
 class Advice:
     """What ``Fix.advise`` makes of one finding: the share the fix can act on (None: the
-    finding's), values to try, and the evidence for them."""
+    finding's), the fraction of it the fix removes there (None: the fix's ``removes``;
+    a fix may remove more of one problem than of another), values to try, and the
+    evidence for them."""
 
     share: float | None = None
+    removes: float | None = None
     params: dict[str, Any] = field(default_factory=dict)
     evidence: str | None = None
     snippet: str | None = None

@@ -2,7 +2,9 @@
 
 The optimizer step is per-parameter elementwise work: launch-bound with many small
 tensors, bandwidth-bound with large ones (AdamW reads and writes four tensors per
-parameter); a step-phase rule will say how large its share is.
+parameter). Where the step's phases show the optimizer step itself
+(``compute/optimizer_step``), the fused step removes most of that phase; elsewhere
+(host overhead, elementwise bandwidth) only the optimizer's part of them.
 """
 
 from __future__ import annotations
@@ -13,8 +15,20 @@ from collections.abc import Callable
 from typing import Any
 
 from stepscope.errors import one_line_error
-from stepscope.fixes.base import Fix
-from stepscope.types import JobContext
+from stepscope.fixes.base import Advice, Fix
+from stepscope.types import Finding, JobContext
+
+#: Of an optimizer-step phase, the part a fused step removes. Measured on this project's
+#: CPU (issue 14): AdamW over an 8.4 M-parameter MLP, per-parameter loop 32 ms of an
+#: 87 ms step, fused=True 1.66x on the whole step, i.e. the phase almost gone; 0.9
+#: leaves room for the fused kernel's own passes over the parameters.
+REMOVES_OF_OPTIMIZER_PHASE = 0.9
+
+
+def _advise(finding: Finding, ev: Any) -> Advice:
+    if finding.key == "compute/optimizer_step":
+        return Advice(removes=REMOVES_OF_OPTIMIZER_PHASE)
+    return Advice()
 
 
 def _fused(ctx: JobContext) -> bool | None:
@@ -127,7 +141,12 @@ def _fused_init(cls: type, original: Callable[..., None], torch: Any, installer:
 FIX = Fix(
     id="fused_optimizer",
     title="Fused optimizer step (fused=True; foreach where torch has no fused kernels)",
-    addresses=("compute/host_overhead", "memory/bandwidth", "compute/device_compute"),
+    addresses=(
+        "compute/optimizer_step",
+        "compute/host_overhead",
+        "memory/bandwidth",
+        "compute/device_compute",
+    ),
     requires=("training", "fusable_optimizer"),
     changes_numerics=False,
     auto=True,
@@ -139,5 +158,6 @@ FIX = Fix(
     in_effect=_fused,
     removes=0.5,
     target="a torch.optim optimizer with foreach/fused options",
+    advise=_advise,
     patch=_patch,
 )

@@ -28,12 +28,12 @@ def _on_loader(call: LoaderCall, params: dict[str, Any]) -> None:
 FIX = Fix(
     id="larger_batch",
     title="Larger batch with gradient accumulation kept equal in samples",
-    addresses=("compute/host_overhead", "communication/collectives"),
+    addresses=("compute/host_overhead", "compute/optimizer_step", "communication/collectives"),
     requires=("dataloader",),
     changes_numerics=True,
     auto=True,
-    why="per-step fixed costs (launches, Python, all-reduce) are paid once for more "
-    "samples; the learning rate may need scaling with the batch",
+    why="per-step fixed costs (launches, Python, all-reduce, the optimizer step) are paid "
+    "once for more samples; the learning rate may need scaling with the batch",
     snippet="loader = DataLoader(dataset, batch_size=4 * old_batch_size)\n"
     "# keep the number of samples per optimizer step: scale lr or accumulate",
     removes=0.7,

@@ -36,6 +36,7 @@ class FindingsTable:
                 f.level or "none",
                 json.dumps([e.to_json() for e in f.evidence]),
                 json.dumps([x.to_json() for x in f.fixes]),
+                f.phase,
                 now,
             )
             for i, f in enumerate(findings)
@@ -44,7 +45,7 @@ class FindingsTable:
             self._conn.execute("DELETE FROM findings WHERE run_id=?", (run_id,))
             self._conn.executemany(
                 "INSERT INTO findings(run_id, position, class, subtype, title, share, confidence,"
-                " level, evidence, fixes, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                " level, evidence, fixes, phase, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                 rows,
             )
 

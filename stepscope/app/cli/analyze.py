@@ -20,10 +20,12 @@ from stepscope.analyzers.diagnosis import Diagnosis, diagnose_report, diagnose_r
 from stepscope.analyzers.trace_load import TraceError
 from stepscope.analyzers.trace_report import TraceReport, analyze_trace
 from stepscope.app.cli import term
+from stepscope.app.cli.analyze_hardware import print_phases, print_roofline
 from stepscope.app.cli.findings_output import print_findings
 from stepscope.app.cli.term import esc
 from stepscope.app.formats import fmt_pct
 from stepscope.store import RunNotFound, RunStore, StoreError
+from stepscope.store.store import default_home
 
 
 class _InputError(Exception):
@@ -61,7 +63,7 @@ def cmd_analyze(
         files, runs = resolve_paths(paths)
         if not files and not runs:
             raise _InputError(f"{', '.join(paths)}: nothing to analyse")
-        report = analyze_trace(files) if files else None
+        report = analyze_trace(files, calibration_home=default_home()) if files else None
     except (TraceError, _InputError) as exc:
         print(f"stepscope: {exc}", file=sys.stderr)
         return 1
@@ -128,6 +130,8 @@ def _print_report(report: TraceReport, top: int) -> None:
     for c in CATEGORIES:
         t.add_row(c, _ms(avg.get(c, 0.0)), fmt_pct(report.breakdown.get(c, 0.0), none="-"))
     console.print(t)
+    print_phases(console, report)
+    print_roofline(console, report)
 
     if not report.gpu.empty:
         t = term.table(title="GPU metrics")
