@@ -26,7 +26,7 @@ from stepscope.app.formats import fmt_s, missing, speed_caption
 from stepscope.optim_runner.speed import Speed, compare_speed
 from stepscope.optim_runner.stats import SpeedupCI
 from stepscope.report import Report, findings_frame, steps_frame
-from stepscope.store import RunNotFound, RunStore, StoreError
+from stepscope.store import RunNotFound, RunStore, StoreError, default_home
 
 PathLike = str | os.PathLike[str]
 
@@ -78,7 +78,7 @@ def analyze(
         paths = [Path(path_or_run).expanduser()]
     else:
         paths = [Path(p).expanduser() for p in path_or_run]
-    return Report(analyze_trace(paths))
+    return Report(analyze_trace(paths, calibration_home=home or default_home()))
 
 
 def _analyze_run(ref: int | str, home: PathLike | None) -> Report:
@@ -89,7 +89,7 @@ def _analyze_run(ref: int | str, home: PathLike | None) -> Report:
         steps = store.steps(run_id)
         store_home = store.home
     traces = arts[arts["kind"] == "trace"]["path"].tolist() if len(arts) else []
-    trace = analyze_trace(traces) if traces else None
+    trace = analyze_trace(traces, calibration_home=store_home) if traces else None
     return Report(trace, run_id=run_id, home=store_home, steps=steps)
 
 

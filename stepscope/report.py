@@ -19,6 +19,8 @@ import pandas as pd
 
 from stepscope.analyzers.breakdown import CATEGORIES
 from stepscope.analyzers.diagnosis import Diagnosis, diagnose_report, diagnose_run
+from stepscope.analyzers.phases import PHASES as TRACE_PHASES
+from stepscope.analyzers.step_stats import PHASES as STEP_TIMER_PHASES
 from stepscope.analyzers.step_stats import summarize_steps
 from stepscope.analyzers.trace_report import TraceReport
 from stepscope.app.formats import fmt_s
@@ -47,16 +49,15 @@ STEP_COLUMNS = [
     "end_s",
     "step_time_s",
     "data_wait_s",
+    "forward_s",
+    "backward_s",
+    "optimizer_s",
     "device_s",
     "batch_size",
     "loss",
     "kind",
     "profiled",
 ]
-# What the step is split into today: the wait for the next batch and the rest. The
-# names are phases of a training step, so that forward, backward and optimizer rows can
-# take the place of ``rest_of_step`` once the trace can tell them apart.
-PHASES = ("data_loading", "rest_of_step")
 
 
 def findings_frame(findings: list[Finding]) -> pd.DataFrame:
@@ -203,14 +204,15 @@ class Report:
 
     @cached_property
     def phases(self) -> pd.DataFrame:
-        """What each step is made of: waiting for data, and the rest of the step.
+        """What each step is made of, phase by phase.
 
         One row per (source, rank, step, phase). Columns: ``source`` ('trace': the
-        profiled steps, DataLoader time by the breakdown's rules; 'steps': every step the
-        step timer recorded, waiting = time blocked in the DataLoader's ``__next__``),
-        ``rank``, ``step``, ``phase`` ('data_loading' or 'rest_of_step': forward,
-        backward and optimizer together, until the trace tells them apart), ``time_s``
-        and ``share`` (of the step). A run with both has both sources.
+        profiled steps, from the trace's annotations, ``stepscope.analyzers.phases``:
+        data_wait, forward, backward, optimizer, communication (exposed), sync, other;
+        'steps': every step the step timer recorded, from its hooks: data_wait, forward,
+        backward, optimizer, other; a run recorded before the timer had phases has
+        data_wait and other only), ``rank``, ``step``, ``phase``, ``time_s`` and ``share``
+        (of the step; a step's shares add up to 1). A run with both has both sources.
         """
         frames = [f for f in (self._trace_phases(), self._step_phases()) if not f.empty]
         if not frames:
@@ -237,7 +239,9 @@ class Report:
 
         Columns: ``run_id``, ``rank``, ``step`` (0-based per rank), ``start_s``/``end_s``
         (unix seconds, host clock), ``step_time_s`` (end - start), ``data_wait_s``
-        (blocked in the DataLoader's ``__next__``), ``device_s`` (CUDA events, on CUDA
+        (blocked in the DataLoader's ``__next__``), ``forward_s``/``backward_s``/
+        ``optimizer_s`` (host time in each, exclusive of the others; NULL on runs recorded
+        before stepscope had them), ``device_s`` (CUDA events, on CUDA
         only), ``batch_size``, ``loss``, ``kind`` ('optimizer', 'forward' or 'mark':
         what ended the step) and ``profiled`` (1 inside a profiler capture).
         """
@@ -245,20 +249,26 @@ class Report:
 
     # -- helpers ------------------------------------------------------------------
     def _trace_phases(self) -> pd.DataFrame:
-        if self.trace_report is None or self.trace_report.per_step.empty:
+        report = self.trace_report
+        if report is None or report.phases is None or report.phases.empty:
             return pd.DataFrame(columns=PHASE_COLUMNS)
-        per = self.trace_report.per_step
-        step_s = per["duration"].to_numpy(dtype=float) / 1e9
-        wait_s = per["DataLoader"].to_numpy(dtype=float) / 1e9
-        return _phase_rows("trace", per["rank"], per["step"], step_s, wait_s)
+        per = report.phases
+        times = per[list(TRACE_PHASES)].to_numpy(dtype=float) / 1e9
+        return _phase_rows("trace", per["rank"], per["step"], TRACE_PHASES, times)
 
     def _step_phases(self) -> pd.DataFrame:
         steps = self.steps
         if steps.empty:
             return pd.DataFrame(columns=PHASE_COLUMNS)
         step_s = steps["step_time_s"].to_numpy(dtype=float)
-        wait_s = np.minimum(steps["data_wait_s"].fillna(0.0).to_numpy(dtype=float), step_s)
-        return _phase_rows("steps", steps["rank"], steps["step"], step_s, wait_s)
+        columns = [c for c in STEP_TIMER_PHASES.values() if c is not None]
+        timed = [c for c in columns if c in steps and steps[c].notna().all()]
+        names = [n for n, c in STEP_TIMER_PHASES.items() if c in timed]
+        parts = steps[timed].fillna(0.0).clip(lower=0.0).to_numpy(dtype=float)
+        parts = np.minimum(parts, step_s[:, None])
+        other = np.maximum(step_s - parts.sum(axis=1), 0.0)
+        times = np.column_stack([parts, other])
+        return _phase_rows("steps", steps["rank"], steps["step"], (*names, "other"), times)
 
     def __repr__(self) -> str:
         if self.run_id is not None:
@@ -290,18 +300,20 @@ class Report:
 
 
 def _phase_rows(
-    source: str, rank: pd.Series, step: pd.Series, step_s: np.ndarray, wait_s: np.ndarray
+    source: str, rank: pd.Series, step: pd.Series, names: tuple[str, ...], times: np.ndarray
 ) -> pd.DataFrame:
-    """Two rows per step, data loading first; the shares of a step add up to 1."""
-    time_s = np.column_stack([wait_s, np.maximum(step_s - wait_s, 0.0)]).reshape(-1)
-    total = np.repeat(step_s, len(PHASES))
+    """One row per step and phase (``times``: steps x phases, seconds); the shares of a
+    step add up to 1."""
+    n = len(names)
+    time_s = times.reshape(-1)  # row-major: step by step
+    total = np.repeat(times.sum(axis=1), n)
     share = np.divide(time_s, total, out=np.zeros_like(time_s), where=total > 0)
     return pd.DataFrame(
         {
             "source": source,
-            "rank": np.repeat(rank.to_numpy(), len(PHASES)),
-            "step": np.repeat(step.to_numpy(), len(PHASES)),
-            "phase": np.tile(np.array(PHASES, dtype=object), len(step_s)),
+            "rank": np.repeat(rank.to_numpy(), n),
+            "step": np.repeat(step.to_numpy(), n),
+            "phase": np.tile(np.array(names, dtype=object), len(times)),
             "time_s": time_s,
             "share": share,
         },

@@ -14,6 +14,24 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+#: The phases of a training step (``analyzers/phases.py``, the step timer) as shown.
+PHASE_LABELS = {
+    "data_wait": "data wait",
+    "forward": "forward",
+    "backward": "backward",
+    "optimizer": "optimizer step",
+    "communication": "exposed communication",
+    "sync": "host-device sync",
+    "other": "other",
+}
+
+
+def phase_label(phase: str | None) -> str | None:
+    """'forward+backward' -> 'forward and backward'; None stays None."""
+    if phase is None:
+        return None
+    return " and ".join(PHASE_LABELS.get(p, p) for p in phase.split("+"))
+
 
 class BottleneckClass(StrEnum):
     """The four bottleneck classes (docs/architecture.md). A StrEnum: it is stored and compared as its value."""
@@ -244,6 +262,8 @@ class JobContext:
 
 
 __all__ = [
+    "PHASE_LABELS",
+    "phase_label",
     "BottleneckClass",
     "JobContext",
     "EvidenceItem",

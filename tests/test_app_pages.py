@@ -66,6 +66,7 @@ from stepscope.optim_runner.plan import choose_fixes
 from stepscope.optim_runner.stats import speedup_ci, timed_step_times
 from stepscope.optim_runner.trials import candidate_arms
 from stepscope.store import RunStore
+from stepscope.store.calibration import Calibration, host_name, save_calibration
 
 pytestmark = pytest.mark.slow
 
@@ -275,6 +276,81 @@ def test_run_page_without_trace_uses_the_step_timer(home: Path, recorded: dict) 
     assert tb_button.disabled  # nothing to show: explained, not a dead button
     assert "no trace" in texts(at)
     assert "Where the main thread spends its time" not in [s.value for s in at.subheader]
+
+
+#: A CPU calibration with round figures for the recorded store's host: the test checks
+#: the arithmetic against it, not a measurement.
+CALIBRATION = Calibration(
+    matmul_gflops=100.0,
+    copy_gbs=20.0,
+    triad_gbs=25.0,
+    dtype="float32",
+    threads=2,
+    host=host_name(),
+    cpu_model="Test CPU",
+    torch_version="2.13.0",
+    date="2025-01-02T03:04:05+00:00",
+    matmul_size=1024,
+    stream_mib=256.0,
+    seconds=3.0,
+    repeats=5,
+)
+
+
+def test_run_page_mfu_phases_and_roofline(home: Path, recorded: dict) -> None:
+    """The profiled run: MFU against the home's calibration (and, without one, the line
+    that says to calibrate), the trace's phases per step, the roofline tab."""
+    run_id = recorded["ids"]["ib"]
+    with RunStore(home) as store:
+        arts = store.artifacts(run_id)
+    paths = list(arts.loc[arts["kind"] == "trace", "path"])
+    cal_file = save_calibration(home, CALIBRATION)
+    try:
+        at = open_page("run", run=str(run_id))
+        no_errors(at)
+        report = analyze_trace(paths, calibration_home=home)
+        roof = report.roofline
+        assert roof is not None and roof.mfu is not None
+        assert metrics(at)["MFU"] == fmt_pct(roof.mfu)
+        assert "of CPU Test CPU float32 100 GFLOP/s" in texts(at)
+        mfu = next(m for m in at.metric if m.label == "MFU")
+        assert "2025-01-02 03:04" in mfu.help  # the calibration's date and conditions
+
+        specs = chart_specs(at)
+        phases = next(sp for sp in specs if "optimizer step" in trace_names(sp))
+        forward = next(t for t in phases["data"] if t["name"] == "forward")
+        assert values(forward["y"]) == pytest.approx(list(report.phases["forward"] / 1e6))
+        assert "From the profiler trace, each instant counted once: data wait" in texts(at)
+        assert "Roofline" in [t.label for t in at.tabs]
+        chart = next(sp for sp in specs if "compute roof" in trace_names(sp))
+        assert chart["layout"]["xaxis"]["type"] == chart["layout"]["yaxis"]["type"] == "log"
+        assert values(chart["data"][1]["y"]) == pytest.approx([0.1, 0.1])  # the matmul roof
+    finally:
+        cal_file.unlink()
+
+    at = open_page("run", run=str(run_id))  # calibration gone: a new cache key
+    no_errors(at)
+    assert "MFU" not in metrics(at)
+    assert "No MFU: no calibration for this host: run `stepscope calibrate`." in texts(at)
+    assert "No roofs: no calibration" in texts(at)
+    chart = next(sp for sp in chart_specs(at) if "operator classes" in trace_names(sp))
+    assert "compute roof" not in trace_names(chart)  # the points alone
+
+
+def test_run_page_phases_from_the_step_timer_without_a_trace(home: Path, recorded: dict) -> None:
+    run_id = recorded["ids"]["dense"]
+    at = open_page("run", run=str(run_id))
+    no_errors(at)
+    assert "MFU" not in metrics(at) and "No MFU" not in texts(at)  # no trace: nothing
+    with RunStore(home) as store:
+        steps = store.steps(run_id)
+    assert steps["forward_s"].notna().all()  # the step timer records the phases
+    bars = next(sp for sp in chart_specs(at) if "optimizer step" in trace_names(sp))
+    assert trace_names(bars)[:3] == ["data wait", "forward", "backward"]
+    backward = next(t for t in bars["data"] if t["name"] == "backward")
+    assert values(backward["y"]) == pytest.approx(list(steps["backward_s"] * 1e3))
+    assert f"From the step timer (host clock, all {len(steps)} steps" in texts(at)
+    assert "this run has none" in texts(at)  # the roofline tab says what is missing
 
 
 def test_gpu_trace_views(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

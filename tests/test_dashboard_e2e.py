@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from dashboard_helpers import REPO, cli_env, end_process, record, start_plain_job
+from dashboard_helpers import REPO, cli_env, end_process, record, start_plain_job, stepscope
 
 from stepscope.analyzers.step_stats import summarize_steps
 from stepscope.app.formats import fmt_pct, fmt_s
@@ -96,6 +96,7 @@ def store_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     home = tmp_path_factory.mktemp("e2e") / "home"
     opts = ("--max-steps", "30", "--profile-at", "3", "--profile-steps", "2")
     record(home, "input-bound", "input_bound.py", "--steps", "32", opts=opts)
+    stepscope(home, "calibrate", "--seconds", "1")  # the CPU peak of the run's MFU and roofline
     return home
 
 
@@ -187,6 +188,10 @@ def test_runs_run_diagnose_optimize_compare_in_chromium(
 ) -> None:
     from playwright.sync_api import expect, sync_playwright
 
+    # expect() keeps its own 5 s default whatever the page's timeout: on a loaded 2-core
+    # machine a page that analyses a trace renders its metrics later than that.
+    expect.set_options(timeout=LOAD_TIMEOUT_MS)
+
     with RunStore(store_home) as store:
         base_id = store.resolve_run("input-bound")
         base = summarize_steps(store.steps(base_id))
@@ -213,6 +218,17 @@ def test_runs_run_diagnose_optimize_compare_in_chromium(
             assert fmt_s(base["step_time_median_s"]) in shown
             assert fmt_pct(base["data_wait_share"]) in shown
             expect(page.get_by_text("Step-time breakdown")).to_be_visible()
+            # MFU against the calibration beside the headline; the roofline on log axes
+            mfu = page.get_by_test_id("stMetric").filter(has_text="MFU")
+            expect(mfu.get_by_test_id("stMetricValue")).to_have_text(re.compile(r"^\d+\.\d %$"))
+            expect(page.get_by_text("Phases of each step")).to_be_visible()
+            page.get_by_role("tab", name="Roofline").click()
+            expect(page.get_by_text("Roofs: CPU", exact=False)).to_be_visible()
+            page.wait_for_function(
+                "() => [...document.querySelectorAll('.js-plotly-plot')].some(p => p._fullLayout"
+                " && p._fullLayout.xaxis.type === 'log' && p._fullLayout.yaxis.type === 'log'"
+                " && p.data.some(t => t.name === 'compute roof'))"
+            )
             _no_error_on_page(page)
 
             # diagnose: the I/O finding, with the way to apply its fixes next to it
@@ -304,6 +320,10 @@ def test_attach_to_a_running_process_in_chromium(
     """Pick a plain Python job on the Attach page, record it for 3 s, follow the run
     it recorded into, and open its Run page at the stack-sample section."""
     from playwright.sync_api import expect, sync_playwright
+
+    # expect() keeps its own 5 s default whatever the page's timeout: on a loaded 2-core
+    # machine a page that analyses a trace renders its metrics later than that.
+    expect.set_options(timeout=LOAD_TIMEOUT_MS)
 
     job = start_plain_job(tmp_path)
     try:

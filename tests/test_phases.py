@@ -14,6 +14,7 @@ from hand_trace import ev, launch, make_trace
 from traces import A100, ALL, CPU_ONLY, RESNET_NW0, RESNET_NW4, trace_path
 
 from stepscope.analyzers.breakdown import adjusted_steps, breakdown_shares, step_breakdown
+from stepscope.analyzers.diagnosis import diagnose_run
 from stepscope.analyzers.phases import (
     PHASE_LABELS,
     PHASES,
@@ -22,6 +23,7 @@ from stepscope.analyzers.phases import (
     step_phases,
 )
 from stepscope.analyzers.trace_load import load_trace
+from stepscope.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location(
@@ -158,6 +160,13 @@ def test_plain_adamw_loop_under_stepscope_spends_a_large_share_in_the_optimizer(
     assert shares["optimizer"] >= 0.20
     assert shares["forward"] > 0 and shares["backward"] > 0
     assert shares["data_wait"] == 0 and shares["communication"] == 0
+    # ... and the diagnosis names that phase, with the fused step as its first fix
+    with RunStore(tmp_path) as store:
+        diagnosis = diagnose_run(store, run_id, save=False)
+    first = diagnosis.findings[0]
+    assert diagnosis.level == "trace"
+    assert (first.key, first.phase) == ("compute/optimizer_step", "optimizer")
+    assert first.fixes[0].id == "fused_optimizer"
 
 
 def test_closure_job_counts_its_forward_and_backward(tmp_path: Path) -> None:

@@ -93,8 +93,9 @@ def diagnose(ev: Evidence) -> Diagnosis:
         for finding in findings:
             finding.confidence = round(finding.confidence * FEW_STEPS_FACTOR, 2)
     findings.sort(key=lambda f: (f.cost, f.confidence), reverse=True)
+    present = frozenset(f.key for f in findings)
     for finding in findings:
-        recommend(finding, ev)
+        recommend(finding, ev, present)
     return Diagnosis(ev.level, findings, warnings)
 
 
@@ -140,6 +141,6 @@ def _run_report(store: Any, run_id: int) -> tuple[TraceReport | None, list[str]]
     if not traces:
         return None, []
     try:
-        return analyze_trace(traces), []
+        return analyze_trace(traces, calibration_home=store.home), []
     except TraceError as exc:
         return None, [f"trace not used: {exc}"]

@@ -86,15 +86,6 @@ from stepscope.analyzers.syncs import SYNC_CALL
 from stepscope.analyzers.trace_load import Trace
 
 PHASES = ("data_wait", "forward", "backward", "optimizer", "communication", "sync", "other")
-PHASE_LABELS = {
-    "data_wait": "data wait",
-    "forward": "forward",
-    "backward": "backward",
-    "optimizer": "optimizer step",
-    "communication": "exposed communication",
-    "sync": "host-device sync",
-    "other": "other",
-}
 # Level 2 (rank) order of the host phases when the device is idle.
 HOST_ORDER = ("sync", "data_wait", "optimizer", "backward", "forward", "communication")
 DEVICE_ORDER = ("optimizer", "backward", "forward")

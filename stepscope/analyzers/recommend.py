@@ -60,11 +60,20 @@ def predict(
     return round(min(bound, MAX_BOUND), 2), basis
 
 
-def recommend(finding: Finding, ev: Evidence) -> None:
-    """Fill ``finding.fixes`` (best first) and ``finding.skipped``."""
+def recommend(finding: Finding, ev: Evidence, present: frozenset[str] = frozenset()) -> None:
+    """Fill ``finding.fixes`` (best first) and ``finding.skipped``.
+
+    ``present``: the keys of all the diagnosis's findings; a fix whose ``primary``
+    problem is among them is advised for that finding only.
+    """
     ctx = ev.context
     chosen: list[FixAdvice] = []
     for fix in catalog.for_problem(finding.klass, finding.subtype):
+        if fix.primary in present and fix.primary != finding.key:
+            finding.skipped.append(
+                SkippedFix(fix.id, f"advised for {fix.primary}, its own finding")
+            )
+            continue
         unmet, unknown = fix.requirement_status(ctx)
         if unmet:
             finding.skipped.append(SkippedFix(fix.id, "needs " + ", ".join(unmet)))

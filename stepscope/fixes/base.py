@@ -88,6 +88,9 @@ class Fix:
     # What it changes in the job, for "the job never created ..." when it did nothing.
     target: str = "what this fix changes"
     needs: str | None = None  # a fix it acts through (prefetching needs workers)
+    # The problem it is really for: when the diagnosis has a finding for it, the fix is
+    # advised there only, not again for the broader findings that also hold that time.
+    primary: str | None = None
     env: tuple[str, str] | None = None  # (variable, option): applied by the runner
     advise: AdviseHook | None = None
     choose_params: ParamsHook | None = None

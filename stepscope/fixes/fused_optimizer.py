@@ -158,6 +158,7 @@ FIX = Fix(
     in_effect=_fused,
     removes=0.5,
     target="a torch.optim optimizer with foreach/fused options",
+    primary="compute/optimizer_step",
     advise=_advise,
     patch=_patch,
 )

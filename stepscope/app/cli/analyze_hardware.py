@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from stepscope.analyzers.phases import PHASE_LABELS, PHASES, average_phases
+from stepscope.analyzers.phases import PHASES, average_phases
 from stepscope.analyzers.trace_report import TraceReport
 from stepscope.app.cli import term
 from stepscope.app.cli.term import esc
 from stepscope.app.formats import fmt_pct
+from stepscope.types import PHASE_LABELS
 
 
 def print_phases(console: Console, report: TraceReport) -> None:

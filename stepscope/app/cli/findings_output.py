@@ -11,7 +11,7 @@ from stepscope.analyzers.diagnosis import Diagnosis
 from stepscope.app.cli import term
 from stepscope.app.cli.term import esc
 from stepscope.app.formats import fmt_pct
-from stepscope.types import BottleneckClass, Finding
+from stepscope.types import BottleneckClass, Finding, phase_label
 
 CLASS_STYLE = {
     BottleneckClass.IO: "cyan",
@@ -39,6 +39,8 @@ def print_findings(diagnosis: Diagnosis) -> None:
     for i, f in enumerate(diagnosis.findings, 1):
         style = CLASS_STYLE.get(f.klass, "white")
         share = "-" if f.share is None else f"{fmt_pct(f.share)} of step time"
+        if f.phase:
+            share += f", in the {phase_label(f.phase)} phase"
         console.print(
             f"[bold]{i}. [{style}]{esc(f.label)} / {esc(f.subtype)}[/{style}][/bold]  "
             f"{esc(f.title)}  [dim]({share}, confidence {f.confidence:.2f}, "

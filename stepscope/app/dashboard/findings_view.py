@@ -10,7 +10,7 @@ import streamlit as st
 from stepscope.analyzers.diagnosis import diagnose_run
 from stepscope.app.dashboard import data, ui
 from stepscope.app.formats import fmt_pct
-from stepscope.types import Finding, FixAdvice
+from stepscope.types import Finding, FixAdvice, phase_label
 
 log = logging.getLogger("stepscope.dashboard")
 
@@ -51,7 +51,8 @@ def _finding(f: Finding, index: int) -> None:
                 ),
                 unsafe_allow_html=True,
             )
-        st.caption(f"evidence level: {f.level or '—'}")
+        where = f" · in the {phase_label(f.phase)} phase of the step" if f.phase else ""
+        st.caption(f"evidence level: {f.level or '—'}{where}")
         if f.fixes:
             # the top finding's fixes are what the user came for; the others stay folded
             n = len(f.fixes)

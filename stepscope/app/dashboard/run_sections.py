@@ -19,7 +19,8 @@ from stepscope.analyzers.breakdown import CATEGORIES
 from stepscope.analyzers.trace_report import TraceReport
 from stepscope.app.applied import applied_changes, state, trial_label
 from stepscope.app.dashboard import data
-from stepscope.app.dashboard.charts.steps import breakdown_bars, step_time_chart, wait_compute_bars
+from stepscope.app.dashboard.charts.steps import breakdown_bars, step_time_chart
+from stepscope.app.dashboard.hardware_sections import phase_section
 from stepscope.app.formats import fmt_bytes, fmt_num, fmt_pct, fmt_s
 
 
@@ -83,7 +84,8 @@ def applied_section(run: dict[str, Any]) -> None:
 
 
 def step_charts(d: data.RunData, report: TraceReport | None) -> None:
-    """Breakdown per step (trace categories, else data wait / compute) and step time."""
+    """Breakdown per step (trace categories, else the step timer's phases) and step time;
+    a trace's own phases come after, full width (``hardware_sections.phase_section``)."""
     left, right = st.columns(2)
     with left:
         if report is not None and len(report.per_step):
@@ -96,13 +98,8 @@ def step_charts(d: data.RunData, report: TraceReport | None) -> None:
             )
         elif d.steps.empty:
             st.info("No steps recorded yet.")
-        else:
-            st.markdown("**Step-time breakdown** · from the step timer")
-            st.plotly_chart(wait_compute_bars(d.steps), key="bd_steps")
-            st.caption(
-                "Data wait is the time blocked in the DataLoader; the rest is everything "
-                "else in the step. A profiler trace splits it further."
-            )
+        else:  # no trace: the step timer's phases stand in for the breakdown
+            phase_section(d.steps, None)
     with right:
         if not d.steps.empty:
             st.markdown("**Step time over the run**")

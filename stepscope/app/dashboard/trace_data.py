@@ -2,7 +2,9 @@
 
 Cached by the files' paths, sizes and mtimes (``file_stamp``), so a trace is analysed
 once however often the page is redrawn, and again only when it is re-captured or
-rewritten. The analyses themselves are the analyzers'; this module only caches them.
+rewritten, or (the report) when the home's CPU calibration changes
+(``calibration_stamp``). The analyses themselves are the analyzers'; this module only
+caches them.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from stepscope.analyzers.timeline import TIMELINE_MAX_EVENTS, step_timeline
 from stepscope.analyzers.trace_load import Trace, load_trace
 from stepscope.analyzers.trace_report import TraceReport, analyze_trace
 from stepscope.app.dashboard.data import RunData
+from stepscope.store.calibration import calibration_path
 
 
 def trace_files(data: RunData) -> tuple[list[str], list[str]]:
@@ -38,10 +41,27 @@ def file_stamp(paths: list[str]) -> tuple[tuple[str, int, int], ...]:
     return tuple(out)
 
 
+def calibration_stamp(home: str | None) -> int | None:
+    """Cache key of the home's CPU calibration (its mtime): a new ``stepscope calibrate``
+    gives a CPU trace its roofs and MFU on the next redraw. None: no calibration."""
+    if home is None:
+        return None
+    try:
+        return calibration_path(home).stat().st_mtime_ns
+    except OSError:
+        return None
+
+
 @st.cache_data(max_entries=16, show_spinner="Analysing the trace…")
-def trace_report(stamp: tuple[tuple[str, int, int], ...]) -> TraceReport:
-    """analyze_trace of the files in ``stamp``; raises TraceError."""
-    return analyze_trace([p for p, _, _ in stamp])
+def trace_report(
+    stamp: tuple[tuple[str, int, int], ...],
+    home: str | None = None,
+    calibration: int | None = None,
+) -> TraceReport:
+    """analyze_trace of the files in ``stamp``, a CPU trace read against ``home``'s
+    calibration; ``calibration`` (``calibration_stamp(home)``) is only the cache key.
+    Raises TraceError."""
+    return analyze_trace([p for p, _, _ in stamp], calibration_home=home)
 
 
 @st.cache_resource(max_entries=2, show_spinner="Loading the trace…")

@@ -35,33 +35,6 @@ def breakdown_bars(per_step: pd.DataFrame, categories: Sequence[str]) -> go.Figu
     return layout(fig, 320)
 
 
-def wait_compute_bars(steps: pd.DataFrame) -> go.Figure:
-    """Per step: time blocked on the DataLoader and the rest, from the step timer."""
-    df = steps.sort_values(["rank", "step"])
-    total = (df["end_s"] - df["start_s"]).clip(lower=0).to_numpy()
-    wait = np.minimum(df["data_wait_s"].fillna(0).to_numpy(), total)
-    x = step_labels(df)
-    fig = go.Figure()
-    fig.add_bar(
-        name="data wait",
-        x=x,
-        y=wait * 1e3,
-        marker_color=CATEGORY_COLORS["data wait"],
-        hovertemplate="data wait: %{y:.1f} ms<extra>step %{x}</extra>",
-    )
-    fig.add_bar(
-        name="compute",
-        x=x,
-        y=(total - wait) * 1e3,
-        marker_color=CATEGORY_COLORS["compute"],
-        hovertemplate="rest of the step: %{y:.1f} ms<extra>step %{x}</extra>",
-    )
-    fig.update_layout(barmode="stack")
-    fig.update_xaxes(title="step", type="category")
-    fig.update_yaxes(title="ms")
-    return layout(fig, 320)
-
-
 def step_time_chart(steps: pd.DataFrame, warmup_steps: int, median_s: float | None) -> go.Figure:
     """Step time over the run; warm-up and profiled steps (left out of the figures) marked."""
     fig = go.Figure()

@@ -22,6 +22,7 @@ from stepscope.app.dashboard import (
     trace_sections,
     ui,
 )
+from stepscope.app.dashboard import hardware_sections as hw
 from stepscope.app.dashboard import run_sections as sec
 from stepscope.app.dashboard.charts.system import system_timelines
 from stepscope.store import RunNotFound
@@ -121,6 +122,8 @@ def live_step_charts() -> None:
     with ui.errors_as_one_line():
         dd = data.run_data(home, run_id, data.run_marker(data.run_header(home, run_id)))
     sec.step_charts(dd, report)
+    if report is not None:
+        hw.phase_section(dd.steps, report)
 
 
 # -- trace ------------------------------------------------------------------------------
@@ -130,7 +133,7 @@ stamp = None
 if paths:
     try:
         stamp = trace_data.file_stamp(paths)
-        report = trace_data.trace_report(stamp)
+        report = trace_data.trace_report(stamp, home, trace_data.calibration_stamp(home))
     except data.user_errors() as exc:
         st.error(f"The trace could not be analysed: {data.one_line(exc)}", icon=":material/error:")
         stamp = None
@@ -139,6 +142,7 @@ if paths:
             st.caption(f":material/warning: {w}")
 
 live_headline()
+hw.mfu_headline(report)
 
 with ui.errors_as_one_line():
     found = data.findings(home, run_id)
@@ -151,7 +155,9 @@ if not attached:  # an attached job has no step timer: its stack samples stand i
     live_step_charts()
 live_stacks()
 
-tabs = st.tabs(["System", "Memory", "Kernels & operators", "Step timeline", "Files & tools", "Log"])
+tabs = st.tabs(
+    ["System", "Memory", "Kernels & operators", "Roofline", "Step timeline", "Files & tools", "Log"]
+)
 with tabs[0]:
     fig = system_timelines({"run": (d.samples, float(run["started_at"]))})
     if fig is None:
@@ -166,16 +172,18 @@ with tabs[2]:
     else:
         trace_sections.kernels_ops_section(report)
 with tabs[3]:
+    hw.roofline_section(report)
+with tabs[4]:
     if stamp is None:
         st.info("The step timeline comes from a profiler trace; this run has none.")
     else:
         with ui.errors_as_one_line():
             trace_sections.timeline_section(stamp)
-with tabs[4]:
+with tabs[5]:
     if paths or missing:
         trace_sections.downloads(paths, missing)
     else:
         st.caption("No trace files.")
     run_actions.tensorboard_action(d.run_dir, has_trace=bool(paths))
-with tabs[5]:
+with tabs[6]:
     sec.events_section(d.events)
