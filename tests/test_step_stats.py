@@ -138,6 +138,48 @@ def test_one_pause_in_a_short_run_is_an_outlier_too() -> None:
     assert few["timed_steps"] == 7 and few["data_wait_outliers"] is None
 
 
+def with_phases(
+    df: pd.DataFrame, forward: float, backward: float, optimizer: float
+) -> pd.DataFrame:
+    return df.assign(forward_s=forward, backward_s=backward, optimizer_s=optimizer)
+
+
+def test_phases_are_mean_seconds_and_shares_of_the_timed_steps() -> None:
+    # 10 ms steps that wait 2 ms: 3 ms forward, 3 ms backward, 1 ms optimizer, 1 ms other
+    df = with_phases(frame([0.002] * 20, compute_s=0.008), 0.003, 0.003, 0.001)
+    df.loc[0, ["forward_s", "end_s"]] = [1.0, df.loc[0, "end_s"] + 1.0]  # warm-up: left out
+    df.loc[1:, ["start_s", "end_s"]] += 1.0
+    s = summarize_steps(df)
+    assert s["warmup_steps"] == 2 and s["timed_steps"] == 18
+    phases = s["phases"]
+    assert list(phases) == ["data_wait", "forward", "backward", "optimizer", "other"]
+    expected = {"data_wait": 0.002, "forward": 0.003, "backward": 0.003, "optimizer": 0.001}
+    expected["other"] = 0.001
+    for name, mean in expected.items():
+        assert phases[name]["mean_s"] == pytest.approx(mean, abs=1e-9)
+        assert phases[name]["share"] == pytest.approx(mean / 0.010, abs=1e-6)
+    assert sum(p["share"] for p in phases.values()) == pytest.approx(1.0)
+
+
+def test_other_is_never_below_zero_and_shares_still_add_to_one() -> None:
+    # clock jitter: the phases overrun a 10 ms step by 0.1 ms
+    df = with_phases(frame([0.0] * 10, compute_s=0.010), 0.005, 0.004, 0.0011)
+    phases = summarize_steps(df)["phases"]
+    assert phases["other"]["mean_s"] == 0.0
+    assert sum(p["share"] for p in phases.values()) == pytest.approx(1.0)
+    assert phases["forward"]["share"] == pytest.approx(0.005 / 0.0101)
+
+
+def test_runs_without_phases_have_none() -> None:
+    """Rows of a store older than version 4 (no columns) or of an attached process
+    (NULL): unknown, not zero; every other figure is still there."""
+    old = summarize_steps(frame([0.001] * 10))
+    assert old["phases"] is None and old["step_time_median_s"] == pytest.approx(0.011)
+    nulls = summarize_steps(with_phases(frame([0.001] * 10), None, None, None))
+    assert nulls["phases"] is None
+    assert summarize_steps(frame([]))["phases"] is None
+
+
 # -- on real runs ----------------------------------------------------------------------
 def _record(home: Path, *args: str) -> pd.DataFrame:
     run_id, code = launch_run([sys.executable, *args], home=home, quiet=True)
@@ -165,3 +207,6 @@ def test_real_input_bound_run_with_workers_keeps_its_share(tmp_path: Path) -> No
     s = summarize_steps(steps, workers=2)
     assert s["data_wait_outliers"] is None
     assert s["data_wait_share"] == raw_share(s) > INPUT_HIGH
+    # the same share among the phases: data wait, then forward, backward, optimizer
+    assert s["phases"]["data_wait"]["share"] == pytest.approx(raw_share(s), abs=0.02)
+    assert s["phases"]["forward"]["mean_s"] > 0 and s["phases"]["optimizer"]["mean_s"] > 0

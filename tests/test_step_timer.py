@@ -193,3 +193,123 @@ def test_steps_after_a_capture_are_flagged(tmp_path):
 def test_look_ahead_loader_does_not_double_the_first_batch(tmp_path):
     _, _, df = _run(tmp_path, "loops.py", "--pattern", "lookahead")
     assert list(df["batch_size"]) == [8] * 8
+
+
+# -- the phases of a step (issue 14) ----------------------------------------------------
+PHASE_COLUMNS = ["data_wait_s", "forward_s", "backward_s", "optimizer_s"]
+
+
+def _step_time(df):
+    return df["end_s"] - df["start_s"]
+
+
+def _exclusive(df) -> None:
+    """Phases are exclusive: none below 0, and together they fit in their step (2 %:
+    the phases are read on another clock than the step's ends)."""
+    phases = df[PHASE_COLUMNS]
+    assert phases.notna().all().all() and (phases >= 0).all().all()
+    assert (phases.sum(axis=1) <= 1.02 * _step_time(df)).all()
+
+
+def test_phases_of_a_plain_adamw_loop(tmp_path):
+    """The per-parameter AdamW update (foreach=False) is a large share of a small MLP's
+    step; forward is still timed once the global forward hooks are gone (step 1 on)."""
+    from stepscope.analyzers.step_stats import summarize_steps
+
+    _, _, df = _run(tmp_path, "phases_train.py", "--pattern", "loop")
+    assert list(df["step"]) == list(range(12)) and set(df["kind"]) == {"optimizer"}
+    _exclusive(df)
+    assert (df["forward_s"] > 0).all() and (df["backward_s"] > 0).all()
+    assert (df["optimizer_s"] > 0).all() and (df["data_wait_s"] == 0).all()
+    summary = summarize_steps(df)
+    phases = summary["phases"]
+    assert list(phases) == ["data_wait", "forward", "backward", "optimizer", "other"]
+    assert sum(p["share"] for p in phases.values()) == pytest.approx(1.0)
+    assert phases["optimizer"]["share"] >= 0.2
+    # the four phases and "other" make up the mean step
+    total = sum(p["mean_s"] for p in phases.values())
+    assert total == pytest.approx(summary["step_time_mean_s"], rel=0.02)
+
+
+def test_phases_of_a_closure_step_are_forward_and_backward(tmp_path):
+    """optimizer.step(closure), as Lightning runs it: the closure's forward and backward
+    run inside the optimizer step and count as forward and backward, not optimizer."""
+    sleep = 0.005  # the closure's own work (Lightning's hooks): "other", not optimizer
+    _, _, df = _run(
+        tmp_path, "phases_train.py", "--pattern", "closure", "--closure-sleep", str(sleep)
+    )
+    assert list(df["step"]) == list(range(12)) and set(df["kind"]) == {"optimizer"}
+    _exclusive(df)
+    assert (df["forward_s"] > 0).all() and (df["backward_s"] > 0).all()
+    rest = _step_time(df) - df["forward_s"] - df["backward_s"]
+    assert (df["optimizer_s"] > 0).all() and (df["optimizer_s"] < rest - sleep).all()
+
+
+def test_phases_of_inference_are_forward_only(tmp_path):
+    _, _, df = _run(tmp_path, "phases_train.py", "--pattern", "infer")
+    assert list(df["step"]) == list(range(12)) and set(df["kind"]) == {"forward"}
+    _exclusive(df)
+    assert (df["forward_s"] > 0).all()
+    assert (df["backward_s"] == 0).all() and (df["optimizer_s"] == 0).all()
+
+
+def test_phases_of_two_optimizers_add_up_over_the_iteration(tmp_path):
+    """One step spans D's and G's updates: both backward calls and both optimizer steps
+    are in it, and the first iteration (held while the cycle is learned) has them too."""
+    _, _, df = _run(tmp_path, "gan.py")
+    assert list(df["step"]) == list(range(7))
+    _exclusive(df)
+    assert (df[["forward_s", "backward_s", "optimizer_s"]] > 0).all().all()
+
+
+def test_phases_after_the_switch_to_marks(tmp_path):
+    """Marked steps keep their phases: the forward hooks move to the outermost module."""
+    _, _, df = _run(tmp_path, "mark.py", "--lead", "3", "--marks", "4")
+    assert list(df["step"]) == list(range(4)) and set(df["kind"]) == {"mark"}
+    _exclusive(df)
+    assert (df[["forward_s", "backward_s", "optimizer_s"]] > 0).all().all()
+
+
+def test_phase_stack_charges_the_innermost_phase_only(monkeypatch):
+    """A fetch inside a forward is data wait, a closure's backward inside the optimizer
+    step is backward, and a phase an exception left open is closed by its outer one."""
+    from stepscope.collectors import step_accounting as acc
+    from stepscope.collectors.step_timer import StepTimer
+
+    clock = iter(range(100))
+    monkeypatch.setattr(acc, "perf_counter", lambda: float(next(clock)))
+    timer = StepTimer(lambda: None)
+    timer._phase_enter(acc.OPTIMIZER)  # t=0
+    timer._phase_enter(acc.FORWARD)  # t=1: optimizer 1
+    timer._phase_enter(acc.DATA)  # t=2: forward 1
+    timer._phase_exit(acc.DATA)  # t=3: data 1
+    timer._phase_exit(acc.FORWARD)  # t=4: forward 2
+    timer._phase_enter(acc.BACKWARD)  # t=5: optimizer 2
+    timer._phase_enter(acc.FORWARD)  # t=6: backward 1, never closed
+    timer._phase_exit(acc.BACKWARD)  # t=7: forward 3, backward closed with it
+    timer._phase_exit(acc.OPTIMIZER)  # t=8: optimizer 3
+    timer._phase_exit(acc.OPTIMIZER)  # not open: nothing
+    assert timer.data_wait == 1.0 and timer.phase_s == [3.0, 1.0, 3.0]
+    timer._phase_enter(acc.FORWARD)  # t=9
+    row = timer._take_row("forward", 0.0)  # t=10: a step ending inside a forward
+    assert (row["forward_s"], row["backward_s"], row["optimizer_s"]) == (4.0, 1.0, 3.0)
+    assert row["data_wait_s"] == 1.0 and timer.phase_s == [0.0, 0.0, 0.0]
+    timer._phase_exit(acc.FORWARD)  # t=11: the rest is the next step's
+    assert timer.phase_s == [1.0, 0.0, 0.0]
+
+
+def test_merged_rows_sum_their_phases():
+    from stepscope.collectors.step_row import merge_rows
+
+    def row(start, f, b, o):
+        return {
+            "start_s": start, "end_s": start + 1, "data_wait_s": 0.5, "batch_size": 2,
+            "_batches": 1, "_losses": [], "profiled": False,
+            "forward_s": f, "backward_s": b, "optimizer_s": o,
+        }  # fmt: skip
+
+    merged = merge_rows(row(0, 0.1, 0.2, 0.3), row(1, 0.01, 0.02, 0.03))
+    assert merged["start_s"] == 0 and merged["data_wait_s"] == 1.0
+    assert (merged["forward_s"], merged["backward_s"], merged["optimizer_s"]) == pytest.approx(
+        (0.11, 0.22, 0.33)
+    )

@@ -9,6 +9,7 @@ import threading
 import time
 from pathlib import Path
 
+import pandas as pd
 import psutil
 import pytest
 
@@ -181,17 +182,23 @@ def test_samples_wide_has_one_column_per_scope_metric(tmp_path: Path) -> None:
     assert wide.loc[2.0, "proc.cpu_percent"] == 80.0
 
 
-def test_version_1_store_is_migrated(tmp_path: Path) -> None:
-    """A store written by the first release gains the facts column and findings table."""
-    import sqlite3
+# Lines of the DDL that version 4 added (the phases of a step, a finding's phase).
+V4_LINES = ("forward_s", "backward_s", "optimizer_s", "phase ", "-- phases,", "-- recorded (a")
 
+
+def _old_ddl(*added: str, upto: str | None = None) -> str:
+    """The DDL as an older release wrote it: without the lines that start with ``added``
+    (and only up to ``upto``)."""
     from stepscope.store.schema import DDL
 
-    lines = DDL.split("-- The diagnosis of a run")[0].splitlines()
-    v1_ddl = "\n".join(
-        ln for ln in lines if not ln.strip().startswith(("facts", "-- optimizer, model"))
-    )
-    assert " facts " not in v1_ddl
+    text = DDL.split(upto)[0] if upto else DDL
+    return "\n".join(ln for ln in text.splitlines() if not ln.strip().startswith(added))
+
+
+def test_version_1_store_is_migrated(tmp_path: Path) -> None:
+    """A store written by the first release gains the facts column and findings table."""
+    v1_ddl = _old_ddl("facts", "-- optimizer, model", *V4_LINES, upto="-- The diagnosis of a run")
+    assert " facts " not in v1_ddl and "forward_s" not in v1_ddl
     tmp_path.mkdir(exist_ok=True)
     with sqlite3.connect(tmp_path / "stepscope.db") as conn:
         conn.executescript(v1_ddl)
@@ -227,3 +234,52 @@ def test_version_1_store_is_migrated(tmp_path: Path) -> None:
         # v3: the stack tables of `stepscope attach`
         store.add_stack_samples(1, 0.0, 5.0, [(7, 7, "MainThread", "main (t.py:1)", 3)])
         assert store.stack_samples(1)["samples"].tolist() == [3]
+        # v4: the phases of a step, a finding's phase
+        store.add_steps(1, [{"step": 0, "start_s": 0.0, "end_s": 1.0, "forward_s": 0.25}])
+        row = store.steps(1).iloc[0]
+        assert row["forward_s"] == 0.25 and pd.isna(row["backward_s"])  # not given: NULL
+
+
+def test_version_3_store_is_migrated(tmp_path: Path) -> None:
+    """Steps recorded before the phases were keep NULL phases (unknown, not 0); new steps
+    get theirs; findings keep their rows and gain the ``phase`` column."""
+    v3_ddl = _old_ddl(*V4_LINES)
+    assert "forward_s" not in v3_ddl and "phase " not in v3_ddl
+    tmp_path.mkdir(exist_ok=True)
+    with sqlite3.connect(tmp_path / "stepscope.db") as conn:
+        conn.executescript(v3_ddl)
+        conn.execute("INSERT INTO meta VALUES ('schema_version', '3')")
+        conn.execute(
+            "INSERT INTO runs(name, command, cwd, started_at, host) VALUES ('old', '[]', '/', 1, 'h')"
+        )
+        conn.execute(
+            "INSERT INTO steps(run_id, step, start_s, end_s, kind) VALUES (1, 0, 0, 1, 'optimizer')"
+        )
+        conn.execute(
+            "INSERT INTO findings(run_id, position, class, subtype, title, share, confidence,"
+            " level, created_at) VALUES (1, 0, 'io', 'input_pipeline', 'old', 0.4, 0.9,"
+            " 'steps', 1)"
+        )
+    with RunStore(tmp_path) as store:
+        store.add_steps(
+            1,
+            [
+                {"step": 1, "start_s": 1.0, "end_s": 2.0, "data_wait_s": 0.1, "forward_s": 0.2,
+                 "backward_s": 0.3, "optimizer_s": 0.25, "kind": "optimizer"},
+            ],
+        )  # fmt: skip
+        steps = store.steps(1)
+        assert steps[["forward_s", "backward_s", "optimizer_s"]].iloc[0].isna().all()
+        assert steps[["forward_s", "backward_s", "optimizer_s"]].iloc[1].tolist() == [
+            0.2,
+            0.3,
+            0.25,
+        ]
+        (found,) = store.findings(1)
+        assert found.title == "old" and found.share == 0.4
+    with sqlite3.connect(tmp_path / "stepscope.db") as conn:
+        columns = [r[1] for r in conn.execute("PRAGMA table_info(findings)")]
+        assert columns[-1] == "phase"
+        assert conn.execute("SELECT phase FROM findings").fetchall() == [(None,)]
+        version = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        assert int(version[0]) == SCHEMA_VERSION == 4

@@ -35,6 +35,17 @@ Decisions, and why:
   are not evenly spaced (that is a pattern, not an accident). A job that waits on
   every step, or on many, keeps its share. The step-time figures keep those steps: the
   job did spend that time.
+* **Phases** (``phases``): the mean seconds per step in data wait, forward, backward and
+  optimizer (the step timer's exclusive host times, ``collectors/step_accounting.py``)
+  and "other" (the step minus those four, never below 0: the loop's own Python,
+  ``.item()``, logging, a hand-written update), over the same timed steps as the
+  step-time figures; each with its share of the mean step. The shares are over the sum
+  of the five means, so they add to 1 (it equals the mean step unless a step's phases
+  overran it by clock jitter). On CUDA the host's forward and backward are the time to
+  *launch* their kernels, the device runs behind and the wait for it lands wherever the
+  host first synchronises (``.item()``, the optimizer): a capture's trace has the
+  device's phases. None for runs recorded before the phases were (store version < 4)
+  and for attached processes, whose rows have no phase columns.
 """
 
 from __future__ import annotations
@@ -61,6 +72,14 @@ OUTLIER_MIN_STEPS = 1.0
 # steps) recur on a schedule, as the waits of a loader's workers do: kept.
 PERIODIC_GAP_RATIO = 1.5
 PERIODIC_MIN_COUNT = 3
+# The phases of ``phases``: name -> the steps column it is read from (None: "other").
+PHASES = {
+    "data_wait": "data_wait_s",
+    "forward": "forward_s",
+    "backward": "backward_s",
+    "optimizer": "optimizer_s",
+    "other": None,
+}
 
 
 def default_warmup(n_steps: int) -> int:
@@ -100,6 +119,7 @@ def summarize_steps(
         "data_wait_median_s": None,
         "loss_first": None,
         "loss_last": None,
+        "phases": None,
     }
     if steps.empty:
         return out
@@ -160,6 +180,7 @@ def summarize_steps(
         if "device_s" in timed and timed["device_s"].notna().all():
             out["device_step_time_median_s"] = float(timed["device_s"].median())
         out["samples_per_s"] = _samples_per_s(timed)
+        out["phases"] = step_phases(timed)
 
     if "loss" in df:
         losses = df[df["rank"] == ranks[0]]["loss"].dropna()
@@ -168,6 +189,29 @@ def summarize_steps(
             out["loss_first"] = float(losses.iloc[0])
             out["loss_last"] = float(losses.iloc[-1])
     return out
+
+
+def step_phases(steps: pd.DataFrame) -> dict[str, dict[str, float]] | None:
+    """Mean seconds per step and share of each phase (module docstring), over ``steps``
+    as given (``summarize_steps`` passes its timed steps): ``{"forward": {"mean_s": ..,
+    "share": ..}, ...}`` in the order of PHASES; None when no row has its phases."""
+    columns = [c for c in PHASES.values() if c is not None]
+    if any(c not in steps for c in columns):
+        return None
+    rows = steps[steps[columns].notna().all(axis=1)]
+    if rows.empty:
+        return None
+    step_time = (rows["end_s"] - rows["start_s"]).clip(lower=0.0).to_numpy(dtype=float)
+    parts = {c: rows[c].clip(lower=0.0).to_numpy(dtype=float) for c in columns}
+    other = np.clip(step_time - sum(parts.values()), 0.0, None)
+    means = {
+        name: float((parts[c] if c is not None else other).mean()) for name, c in PHASES.items()
+    }
+    total = sum(means.values())
+    return {
+        name: {"mean_s": mean, "share": mean / total if total > 0 else 0.0}
+        for name, mean in means.items()
+    }
 
 
 def _wait_outliers(

@@ -20,6 +20,13 @@ written updates) or when the forward runs without grad; a grad-enabled forward w
 no backward yet waits up to CONFIRM_FORWARD_S. Released rows are checked against the
 step limit and the capture schedule one by one.
 
+The forward phase. The global hooks time the outermost module calls (depth 0) and
+remember which modules were called there (the model, a loss module; at most
+MAX_OUTER_MODULES). Once the global hooks go (the first optimizer step, a mark), those
+modules alone get hooks of their own: the forward is still timed, at the cost of one
+hooked call per outermost call instead of one per submodule. A module first called at
+top level after that is not timed (its time is the step's "other").
+
 Methods of ``StepTimer`` (``step_timer.py``); the state only they use is set up by
 ``_init_forward_steps``, the rest in ``StepTimer.__init__``.
 """
@@ -30,7 +37,8 @@ import time
 import weakref
 from typing import Any
 
-from stepscope.collectors.step_accounting import StepLimitReached
+from stepscope.collectors.step_accounting import FORWARD, StepLimitReached
+from stepscope.collectors.step_row import add_phases
 
 # Grad-enabled forward steps of a job with no optimizer wait this long for a backward
 # or an optimizer before they are taken for inference steps.
@@ -40,6 +48,10 @@ CONFIRM_FORWARD_S = 1.0
 # after this many of them.
 CONFIRM_UNUSED_OPTIMIZER_S = 120.0
 MAX_HELD_FORWARDS = 10_000
+# Outermost modules that get forward-timing hooks of their own once the global hooks
+# are gone. A job calls a handful at top level (model, loss, an EMA copy); a loop that
+# calls its layers one by one from Python may call dozens, each as cheap to hook.
+MAX_OUTER_MODULES = 64
 
 
 class ForwardSteps:
@@ -52,6 +64,9 @@ class ForwardSteps:
         # steps end where its next forward starts (forward, backward and update in one)
         self._fwd_since_boundary = False
         self._fwd_anchor: weakref.ReferenceType[Any] | None = None
+        # modules called at depth 0 while the global hooks were on (id -> weak reference)
+        self._outer_modules: dict[int, weakref.ReferenceType[Any]] = {}
+        self._outer_handles: list[Any] = []
 
     def _forward_pre_hook(self, module: Any, args: Any) -> None:
         # Under torch.compile tracing the hook must trace to nothing (no graph break);
@@ -77,6 +92,11 @@ class ForwardSteps:
                         raise
                     except Exception as exc:
                         self._disable("step timer", exc)
+            outer = self._outer_modules
+            known = outer.get(id(module))
+            if (known is None or known() is not module) and len(outer) < MAX_OUTER_MODULES:
+                outer[id(module)] = weakref.ref(module)
+            self._phase_enter(FORWARD)
 
     def _forward_hook(self, module: Any, args: Any, output: Any) -> None:
         if self._is_compiling() or self.inert:
@@ -84,6 +104,8 @@ class ForwardSteps:
         tls = self._tls
         depth = getattr(tls, "depth", 1) - 1
         tls.depth = depth
+        if depth == 0:
+            self._phase_exit(FORWARD)  # before a step ends here: the forward is part of it
         if depth == 0 and self.mode == "auto":
             try:
                 # Like the optimizer anchor: the first module called at top level ends
@@ -99,6 +121,45 @@ class ForwardSteps:
                 raise
             except Exception as exc:
                 self._disable("step timer", exc)
+
+    def _time_outer_modules(self) -> None:
+        """The global hooks are going: time the forward on the outermost modules only."""
+        if self._outer_handles:  # done already (optimizer steps, then marks)
+            return
+        for ref in self._outer_modules.values():
+            module = ref()
+            if module is None:
+                continue
+            try:
+                self._outer_handles += [
+                    module.register_forward_pre_hook(self._outer_pre_hook),
+                    module.register_forward_hook(self._outer_hook, always_call=True),
+                ]
+            except Exception as exc:  # a module that refuses hooks: its forward is "other"
+                self._disable("forward phase", exc)
+
+    def _remove_outer_hooks(self) -> None:
+        for handle in self._outer_handles:
+            handle.remove()
+        self._outer_handles = []
+
+    def _outer_pre_hook(self, module: Any, args: Any) -> None:
+        if self._is_compiling() or self.inert:
+            return
+        tls = self._tls
+        depth = getattr(tls, "outer_depth", 0)
+        tls.outer_depth = depth + 1
+        if depth == 0:  # a hooked module called inside another (a loss in the model)
+            self._phase_enter(FORWARD)
+
+    def _outer_hook(self, module: Any, args: Any, output: Any) -> None:
+        if self._is_compiling() or self.inert:
+            return
+        tls = self._tls
+        depth = max(0, getattr(tls, "outer_depth", 1) - 1)
+        tls.outer_depth = depth
+        if depth == 0:
+            self._phase_exit(FORWARD)
 
     def _forward_end(self) -> None:
         end = time.time()
@@ -163,6 +224,8 @@ class ForwardSteps:
             return
         self.start_s = training[0]["start_s"]
         self.data_wait += sum(r["data_wait_s"] for r in training)
+        for row in training:
+            self.phase_s = add_phases(self.phase_s, row)
         self.batch += sum(r["batch_size"] or 0 for r in training)
         self.batches += sum(r["_batches"] for r in training)
         self.losses = [t for r in training for t in r["_losses"]] + self.losses
@@ -175,6 +238,7 @@ class ForwardSteps:
             return
         taken_back, self.step = self.step, 0
         self._emitted_data_wait = 0.0
+        self._emitted_phases = [0.0, 0.0, 0.0]
         self._emitted_batch = 0
         self.batch_counter.forget_first_row()
         self.cuda.forget()

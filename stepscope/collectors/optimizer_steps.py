@@ -1,6 +1,7 @@
 """Steps that end with ``optimizer.step()``: training jobs, with one optimizer or several.
 
-Torch's global optimizer post hook ends a step at each optimizer step. With several
+Torch's global optimizer post hook ends a step at each optimizer step; the pre hook and
+the post hook bound the step's optimizer phase. With several
 optimizers (a GAN's discriminator and generator), one iteration is one step and it
 ends at the *last* optimizer of the iteration: the cycle (every optimizer that steps
 between two steps of the first one) is learned over the first iteration, whose row is
@@ -20,7 +21,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from stepscope.collectors.step_accounting import StepLimitReached
+from stepscope.collectors.step_accounting import OPTIMIZER, OTHER, StepLimitReached
 from stepscope.collectors.step_row import merge_rows
 
 
@@ -36,8 +37,58 @@ class OptimizerSteps:
         self._last_opt: weakref.ReferenceType[Any] | None = None
         self._held: dict[str, Any] | None = None  # the first iteration, while learning
 
+    def _optimizer_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+        """The optimizer phase begins (a closure run inside it is forward and backward)."""
+        if self._is_compiling() or self.inert:
+            return None
+        if self.start_s is None:
+            self._activity()  # optimizer.step(closure) may be the first thing a step does
+        # A step that raised never reached its post hook: close it here, or its phase
+        # would stay open under everything that follows.
+        self._phase_exit(OPTIMIZER)
+        self._phase_enter(OPTIMIZER)
+        if "closure" in self._disabled:
+            return None
+        try:
+            return self._with_timed_closure(args, kwargs)
+        except Exception as exc:
+            self._disable("closure", exc)
+            return None
+
+    def _with_timed_closure(self, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+        """The step's closure, if any, wrapped so that its time is not the optimizer's.
+
+        What a closure runs (Lightning: ``training_step``, logging, zero_grad, backward)
+        is the loop's work, not the update: inside it, forward and backward are timed as
+        such and the rest is "other", as in a loop that calls them itself.
+        """
+        if "closure" in kwargs:
+            closure = kwargs["closure"]
+            if callable(closure):
+                return args, {**kwargs, "closure": self._timed_closure(closure)}
+        elif len(args) > 1 and callable(args[1]):
+            return (args[0], self._timed_closure(args[1]), *args[2:]), kwargs
+        return None
+
+    def _timed_closure(self, closure: Callable[..., Any]) -> Callable[..., Any]:
+        timer = self
+
+        def timed_closure(*a: Any, **kw: Any) -> Any:
+            if timer.inert or timer._is_compiling():
+                return closure(*a, **kw)
+            timer._phase_enter(OTHER)
+            try:
+                return closure(*a, **kw)
+            finally:
+                timer._phase_exit(OTHER)
+
+        return timed_closure
+
     def _optimizer_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self._is_compiling() or self.inert or self.mode == "mark":
+        if self._is_compiling() or self.inert:
+            return
+        self._phase_exit(OPTIMIZER)  # before the step ends: the update is part of it
+        if self.mode == "mark":
             return
         try:
             now = time.time()
@@ -69,6 +120,7 @@ class OptimizerSteps:
         if self.mode == "auto":
             self.mode = "optimizer"
             self._remove_forward_hooks()
+            self._time_outer_modules()
             self._take_back_forward_steps()
             self._absorb_pending()
 

@@ -10,6 +10,16 @@ A step spans [end of the previous step, end of this one]; the first one starts a
 first sign of activity (DataLoader, a forward, a backward). Time only stepscope spent
 between two steps (a capture starting) is not charged to the next one.
 
+The phases of a step (``data_wait_s``, ``forward_s``, ``backward_s``, ``optimizer_s``)
+are host-clock times inside the DataLoader, the outermost module calls, backward and
+the optimizer's ``step``/``zero_grad``. They are *exclusive*: the entry points push a
+phase on a per-thread stack and the time always goes to the phase on top, so a
+closure's forward and backward run inside ``optimizer.step(closure)`` (Lightning) count
+as forward and backward, and a fetch inside a forward as data wait. The rest of the step
+(the loop's own Python, ``.item()``, logging, a hand-written update) is nobody's phase:
+the analysis calls it "other". Each entry or exit costs one ``perf_counter`` and a few
+list operations, once per phase call, never per submodule.
+
 Methods of ``StepTimer`` (``step_timer.py``), kept apart from the ways steps are
 found; the state they use is set up in ``StepTimer.__init__``.
 """
@@ -18,9 +28,10 @@ from __future__ import annotations
 
 import contextlib
 import time
+from time import perf_counter
 from typing import Any
 
-from stepscope.collectors.step_row import public, sum_or_none
+from stepscope.collectors.step_row import add_phases, public, sum_or_none
 
 # Steps right after a capture window run slow (the profiler's teardown, cold caches):
 # flagged like the captured ones and left out of the step-time figures.
@@ -28,6 +39,11 @@ AFTER_CAPTURE_STEPS = 2
 # Bookkeeping between two steps longer than this (first-step set-up, a capture) is
 # left out of the next step rather than charged to it.
 OWN_WORK_GAP_S = 0.001
+
+# The phases, as the timer's per-thread stack holds them: FORWARD, BACKWARD and
+# OPTIMIZER index ``StepTimer.phase_s`` (minus 1, in the order of PHASE_COLUMNS);
+# OTHER is charged to nobody (a closure's own work: it pauses the optimizer phase).
+DATA, FORWARD, BACKWARD, OPTIMIZER, OTHER = 0, 1, 2, 3, 4
 
 
 class StepLimitReached(SystemExit):
@@ -45,14 +61,66 @@ class StepLimitReached(SystemExit):
 class StepAccounting:
     """Rows made, numbered, written; captures and the limit between steps; the end."""
 
+    # -- phases -------------------------------------------------------------------------
+    def _phase_enter(self, phase: int) -> None:
+        """A phase begins: the one it interrupts stops accruing until it ends."""
+        tls = self._tls
+        now = perf_counter()
+        stack = getattr(tls, "phases", None)
+        if stack is None:
+            stack = tls.phases = []
+        elif stack:
+            self._charge(stack[-1], now - tls.phase_t0)
+        stack.append(phase)
+        tls.phase_t0 = now
+
+    def _phase_exit(self, phase: int) -> None:
+        """The innermost open ``phase`` ends; phases opened inside it and never closed
+        (an exception skipped their end) are closed with it."""
+        tls = self._tls
+        stack = getattr(tls, "phases", None)
+        if not stack or phase not in stack:
+            return
+        now = perf_counter()
+        self._charge(stack[-1], now - tls.phase_t0)
+        while stack.pop() != phase:
+            pass
+        tls.phase_t0 = now
+
+    def _phase_flush(self) -> None:
+        """A step ends inside a phase: its time so far belongs to the step ending."""
+        tls = self._tls
+        stack = getattr(tls, "phases", None)
+        if stack:
+            now = perf_counter()
+            self._charge(stack[-1], now - tls.phase_t0)
+            tls.phase_t0 = now
+
+    def _phase_skip(self) -> None:
+        """Time only stepscope spent (a capture starting) is nobody's phase."""
+        tls = self._tls
+        if getattr(tls, "phases", None):
+            tls.phase_t0 = perf_counter()
+
+    def _charge(self, phase: int, seconds: float) -> None:
+        if phase == DATA:
+            self.data_wait += seconds
+        elif phase != OTHER:
+            self.phase_s[phase - 1] += seconds
+
+    # -- rows -------------------------------------------------------------------------
     def _take_row(self, kind: str, end_s: float) -> dict[str, Any]:
         """Snapshot the accumulators into a row (no step index yet) and reset them."""
+        self._phase_flush()
         samples, batches, last_batch = self.batch_counter.take()
         row: dict[str, Any] = {
             "rank": self.rank,
             "start_s": self.start_s if self.start_s is not None else self.installed_at,
             "end_s": end_s,
             "data_wait_s": self.data_wait,
+            "forward_s": self.phase_s[FORWARD - 1],
+            "backward_s": self.phase_s[BACKWARD - 1],
+            "optimizer_s": self.phase_s[OPTIMIZER - 1],
             "batch_size": (self.batch + samples) or None,
             "kind": kind,
             "profiled": self.profiled,
@@ -61,6 +129,7 @@ class StepAccounting:
             "_last_batch": last_batch,
         }
         self.data_wait = 0.0
+        self.phase_s = [0.0, 0.0, 0.0]
         self.batch = 0
         self.batches = 0
         self.losses = []
@@ -96,6 +165,7 @@ class StepAccounting:
         row["step"] = self.step
         self.step += 1
         self._emitted_data_wait += row["data_wait_s"]
+        self._emitted_phases = add_phases(self._emitted_phases, row)
         self._emitted_batch += row["batch_size"] or 0
         if self._on_first_step is not None:
             callback, self._on_first_step = self._on_first_step, None
@@ -128,6 +198,7 @@ class StepAccounting:
             # Only stepscope ran since `end` (starting the writer, a capture): that
             # time is ours, so the next step starts after it instead of paying for it.
             self.start_s = now
+            self._phase_skip()
             self.cuda.last_event = None
             self._record_cuda_marker()
         else:
@@ -182,6 +253,11 @@ class StepAccounting:
             if pending and self._updates_by_hand() and not self.inert:
                 # the last iteration of a job that updates by hand ends with its backward
                 self._fwd_since_boundary = False
+                snapshot = self._at_backward_end
+                if snapshot is not None and snapshot[0] == self.step:
+                    # the row ends there: the evaluation after it is not in its phases
+                    self.data_wait, self.phase_s = snapshot[1], list(snapshot[2])
+                    self._phase_skip()
                 self._absorb_pending()
                 self._emit(self._take_row("forward", self._last_backward_end or time.time()))
             if self._held is not None and not self.inert:

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+# The phase columns of a step row (``step_accounting.py`` says what each one times).
+PHASE_COLUMNS = ("forward_s", "backward_s", "optimizer_s")
+
 
 def public(row: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in row.items() if not k.startswith("_")}
@@ -16,6 +19,11 @@ def public(row: dict[str, Any]) -> dict[str, Any]:
 
 def sum_or_none(values: list[float]) -> float | None:
     return float(sum(values)) if values else None
+
+
+def add_phases(totals: list[float], row: dict[str, Any]) -> list[float]:
+    """``totals`` (one slot per PHASE_COLUMNS) plus the row's phases, as a new list."""
+    return [t + row[c] for t, c in zip(totals, PHASE_COLUMNS, strict=True)]
 
 
 def merge_rows(first: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
@@ -28,4 +36,6 @@ def merge_rows(first: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
     merged["_batches"] = first["_batches"] + later["_batches"]
     merged["_losses"] = first["_losses"] + later["_losses"]
     merged["profiled"] = first["profiled"] or later["profiled"]
+    for column in PHASE_COLUMNS:  # each optimizer's step time is part of the iteration
+        merged[column] = first[column] + later[column]
     return merged

@@ -12,8 +12,12 @@ Where a step ends, in order of precedence:
 ``StepTimer`` is one object per process, made of those parts and of
 ``step_accounting.py`` (rows written, captures and the limit between steps, the end
 of the job); this module installs it into torch, measures what a step waits for its
-input, captures the losses given to backward, and handles explicit marks. Samples
-per step are counted by ``batch_count.py``, device time by ``cuda_timing.py``.
+input, times backward and ``zero_grad``, captures the losses given to backward, and
+handles explicit marks. Samples per step are counted by ``batch_count.py``, device time
+by ``cuda_timing.py``; the phases of a step (data wait, forward, backward, optimizer)
+are accumulated as ``step_accounting.py`` describes. On CUDA the host phases are the
+time the host spent launching the work (the device runs behind): a profiler capture's
+trace has the device's side.
 
 Everything here runs on the job's hot path: a hook only appends to memory; the store
 is written by the BufferedWriter's thread, which also resolves CUDA events (device
@@ -35,7 +39,13 @@ from stepscope.collectors.cuda_timing import CudaTiming
 from stepscope.collectors.forward_steps import ForwardSteps
 from stepscope.collectors.job_facts import JobFacts
 from stepscope.collectors.optimizer_steps import OptimizerSteps
-from stepscope.collectors.step_accounting import StepAccounting, StepLimitReached
+from stepscope.collectors.step_accounting import (
+    BACKWARD,
+    DATA,
+    OPTIMIZER,
+    StepAccounting,
+    StepLimitReached,
+)
 
 _timer: StepTimer | None = None
 
@@ -85,10 +95,12 @@ class StepTimer(OptimizerSteps, ForwardSteps, StepAccounting):
         self.profiled = False
         # totals over written steps, so that a first mark_step() can take them back
         self._emitted_data_wait = 0.0
+        self._emitted_phases = [0.0, 0.0, 0.0]
         self._emitted_batch = 0
         self._taken_back = 0  # hook steps already written when the job began to mark
         # per-step accumulators, reset at each step end
         self.data_wait = 0.0
+        self.phase_s = [0.0, 0.0, 0.0]  # forward, backward, optimizer (step_row.PHASE_COLUMNS)
         # Samples of the step: those of the dataset it fetched last (``batch_count.py``),
         # plus ``batch``: samples merged in from held rows.
         self.batch = 0
@@ -98,6 +110,7 @@ class StepTimer(OptimizerSteps, ForwardSteps, StepAccounting):
         self._anchor_losses: list[Any] = []  # ... and those the first optimizer stepped on
         self.backward_seen = False
         self._last_backward_end: float | None = None
+        self._at_backward_end: tuple[int, float, list[float]] | None = None
         self._after_capture = 0
         self._init_optimizer_steps()
         self._init_forward_steps()
@@ -129,6 +142,9 @@ class StepTimer(OptimizerSteps, ForwardSteps, StepAccounting):
         self.cuda.torch = torch
         self._is_compiling = torch.compiler.is_compiling
         self._handles.append(optim_mod.register_optimizer_step_post_hook(self._optimizer_hook))
+        self._handles.append(optim_mod.register_optimizer_step_pre_hook(self._optimizer_pre_hook))
+        self._patch(optim_mod.Optimizer, "zero_grad", self._wrap_zero_grad)
+        self._patch(module_mod.Module, "zero_grad", self._wrap_zero_grad)
         # Counting the optimizers a job creates tells a training job's evaluation
         # forwards (before its first step) from an inference job's steps.
         self._patch(optim_mod.Optimizer, "__init__", self._wrap_optimizer_init)
@@ -184,6 +200,7 @@ class StepTimer(OptimizerSteps, ForwardSteps, StepAccounting):
             self.inert = True
             with contextlib.suppress(Exception):
                 self._remove_forward_hooks()
+                self._remove_outer_hooks()
         with contextlib.suppress(Exception):
             self._writer().log("warning", "step_timer", f"{what} disabled: {exc!r}")
 
@@ -193,7 +210,6 @@ class StepTimer(OptimizerSteps, ForwardSteps, StepAccounting):
         ``__next__`` (the next batch, whose size is read here) and ``__iter__``
         (creating the iterator starts or resets the workers)."""
         timer = self
-        perf = time.perf_counter
 
         def wrapper(self: Any) -> Any:
             if timer.inert or "data wait" in timer._disabled:
@@ -201,9 +217,9 @@ class StepTimer(OptimizerSteps, ForwardSteps, StepAccounting):
             if not count_batch:
                 timer.facts.on_loader(self)
                 timer.batch_counter.on_new_iterator(getattr(self, "dataset", None))
-            t0 = perf()
             if timer.start_s is None:
                 timer._activity()
+            timer._phase_enter(DATA)
             try:
                 result = original(self)
             except StopIteration:
@@ -211,7 +227,7 @@ class StepTimer(OptimizerSteps, ForwardSteps, StepAccounting):
                     timer.batch_counter.count(id(getattr(self, "_dataset", None)), None)
                 raise
             finally:
-                timer.data_wait += perf() - t0
+                timer._phase_exit(DATA)
             if count_batch:
                 try:
                     timer.batch_counter.count(id(getattr(self, "_dataset", None)), result)
@@ -230,11 +246,37 @@ class StepTimer(OptimizerSteps, ForwardSteps, StepAccounting):
                     timer._record_loss(tensors)
                 except Exception as exc:
                     timer._disable("loss", exc)
-            result = original(tensors, *args, **kwargs)
+            timed = not timer.inert and not timer._is_compiling()
+            if timed:
+                timer._phase_enter(BACKWARD)
+            try:
+                result = original(tensors, *args, **kwargs)
+            finally:
+                if timed:
+                    timer._phase_exit(BACKWARD)
             timer._last_backward_end = time.time()
+            # where the last step of a job that updates by hand ends (``finalize``)
+            timer._at_backward_end = (timer.step, timer.data_wait, list(timer.phase_s))
             return result
 
         return backward
+
+    def _wrap_zero_grad(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """``optimizer.zero_grad()`` and ``model.zero_grad()`` are the optimizer's phase:
+        one pass over every parameter, gone with the step when gradients are zeroed by
+        ``set_to_none`` or fused away."""
+        timer = self
+
+        def zero_grad(obj: Any, *args: Any, **kwargs: Any) -> Any:
+            if timer.inert or timer._is_compiling():
+                return original(obj, *args, **kwargs)
+            timer._phase_enter(OPTIMIZER)
+            try:
+                return original(obj, *args, **kwargs)
+            finally:
+                timer._phase_exit(OPTIMIZER)
+
+        return zero_grad
 
     def _activity(self, t: float | None = None) -> None:
         """First sign of work: step 0 starts now (and maybe a capture window with it)."""
@@ -253,6 +295,9 @@ class StepTimer(OptimizerSteps, ForwardSteps, StepAccounting):
             self.profiled = bool(self.capture is not None and self.capture.active)
         except Exception as exc:
             self._disable("capture", exc)
+        # a zero_grad() before the loop is set-up, not the first step's optimizer phase
+        self.phase_s = [0.0, 0.0, 0.0]
+        self._phase_skip()
         self._record_cuda_marker()
 
     def _record_loss(self, tensors: Any) -> None:
@@ -291,6 +336,7 @@ class StepTimer(OptimizerSteps, ForwardSteps, StepAccounting):
         """
         self.mode = "mark"
         self._remove_forward_hooks()
+        self._time_outer_modules()
         self._absorb_pending()
         if self.step == 0:
             return
@@ -298,6 +344,7 @@ class StepTimer(OptimizerSteps, ForwardSteps, StepAccounting):
         self.step = 0
         self.start_s = self.first_activity_s
         self.data_wait += self._emitted_data_wait
+        self.phase_s = [a + b for a, b in zip(self.phase_s, self._emitted_phases, strict=True)]
         self.batch += self._emitted_batch
         self._writer().log(
             "info",

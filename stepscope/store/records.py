@@ -28,7 +28,11 @@ class RunRecords:
     _conn: sqlite3.Connection
 
     def add_steps(self, run_id: int, rows: Iterable[dict[str, Any]]) -> None:
-        """Insert (or replace: a late CUDA-event resolution) step rows."""
+        """Insert (or replace: a late CUDA-event resolution) step rows.
+
+        The phase columns (``forward_s``, ``backward_s``, ``optimizer_s``) are NULL when a
+        row does not have them (an attached process's steps): unknown, not zero.
+        """
         data = [
             (
                 run_id,
@@ -42,6 +46,9 @@ class RunRecords:
                 r.get("loss"),
                 r.get("kind", "optimizer"),
                 int(bool(r.get("profiled", False))),
+                r.get("forward_s"),
+                r.get("backward_s"),
+                r.get("optimizer_s"),
             )
             for r in rows
         ]
@@ -50,7 +57,8 @@ class RunRecords:
         with self._conn:
             self._conn.executemany(
                 "INSERT OR REPLACE INTO steps(run_id, rank, step, start_s, end_s, data_wait_s,"
-                " device_s, batch_size, loss, kind, profiled) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                " device_s, batch_size, loss, kind, profiled, forward_s, backward_s,"
+                " optimizer_s) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 data,
             )
 
@@ -146,6 +154,7 @@ class RunRecords:
             )
 
     def steps(self, run_id: int) -> pd.DataFrame:
+        """Every column of the run's steps, phases included (NULL: not recorded)."""
         import pandas as pd  # local: see the note on pandas at the top
 
         return pd.read_sql_query(

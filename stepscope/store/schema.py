@@ -8,7 +8,7 @@ Bump SCHEMA_VERSION with every change and add the step to MIGRATIONS.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # Statuses a run can have. "running" is the only non-final one; a run whose launcher
 # vanished without finalising is turned into "lost" on the next read.
@@ -56,6 +56,11 @@ CREATE TABLE IF NOT EXISTS steps (
     loss         REAL,
     kind         TEXT NOT NULL,             -- 'optimizer' | 'forward' | 'mark'
     profiled     INTEGER NOT NULL DEFAULT 0, -- 1 when inside a profiler capture window
+    -- phases, exclusive host-clock seconds (collectors/step_accounting.py); NULL: not
+    -- recorded (a run older than version 4, an attached process)
+    forward_s    REAL,                      -- inside the outermost module calls
+    backward_s   REAL,                      -- inside Tensor.backward / autograd.backward
+    optimizer_s  REAL,                      -- inside optimizer.step() and zero_grad()
     PRIMARY KEY (run_id, rank, step)
 );
 
@@ -102,6 +107,7 @@ CREATE TABLE IF NOT EXISTS findings (
     evidence    TEXT NOT NULL DEFAULT '[]', -- JSON list of {text, value, source}
     fixes       TEXT NOT NULL DEFAULT '[]', -- JSON list of recommended fixes
     created_at  REAL NOT NULL,
+    phase       TEXT,                       -- the step phase it lives in ('forward', ...)
     PRIMARY KEY (run_id, position)
 );
 
@@ -148,9 +154,37 @@ CREATE TABLE IF NOT EXISTS stack_samples (
 CREATE INDEX IF NOT EXISTS stack_samples_run ON stack_samples(run_id, t_start);
 """
 
+_FINDINGS_V3_COLUMNS = (
+    "run_id, position, class, subtype, title, share, confidence, level, evidence, fixes, created_at"
+)
+
+
+def _rebuilt(table: str, old: str, columns: str) -> str:
+    """SQL that recreates ``table`` from the DDL, keeping ``columns`` of its rows.
+
+    For a column added to a table that a store older than the table's first version
+    lacks: the DDL (run before the migrations) has just created it complete, where
+    ``ALTER TABLE ADD COLUMN`` would fail on the duplicate column; a copy works both
+    ways (SQLite has no ADD COLUMN IF NOT EXISTS).
+    """
+    create = DDL.split(f"CREATE TABLE IF NOT EXISTS {table} (", 1)[1].split(");", 1)[0]
+    return (
+        f"ALTER TABLE {table} RENAME TO {old};\n"
+        f"CREATE TABLE {table} ({create});\n"
+        f"INSERT INTO {table}({columns}) SELECT {columns} FROM {old};\n"
+        f"DROP TABLE {old};\n"
+    )
+
+
 # version -> SQL that upgrades from version-1. New tables need no entry (the DDL
 # creates them with IF NOT EXISTS); new columns of existing tables do.
 MIGRATIONS: dict[int, str] = {
     2: "ALTER TABLE runs ADD COLUMN facts TEXT NOT NULL DEFAULT '{}';",  # + findings table
     3: "",  # the stacks and stack_samples tables
+    4: """
+ALTER TABLE steps ADD COLUMN forward_s REAL;
+ALTER TABLE steps ADD COLUMN backward_s REAL;
+ALTER TABLE steps ADD COLUMN optimizer_s REAL;
+"""
+    + _rebuilt("findings", "findings_v3", _FINDINGS_V3_COLUMNS),
 }
