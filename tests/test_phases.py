@@ -15,15 +15,10 @@ from traces import A100, ALL, CPU_ONLY, RESNET_NW0, RESNET_NW4, trace_path
 
 from stepscope.analyzers.breakdown import adjusted_steps, breakdown_shares, step_breakdown
 from stepscope.analyzers.diagnosis import diagnose_run
-from stepscope.analyzers.phases import (
-    PHASE_LABELS,
-    PHASES,
-    average_phases,
-    phase_shares,
-    step_phases,
-)
+from stepscope.analyzers.phases import PHASES, average_phases, phase_shares, step_phases
 from stepscope.analyzers.trace_load import load_trace
 from stepscope.store import RunStore
+from stepscope.types import PHASE_LABELS
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location(
