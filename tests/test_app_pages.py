@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 import psutil
 import pytest
+from calibrations import ROUND_CALIBRATION
 from dashboard_helpers import (
     APPLIED_CHANGE,
     CONTENTION_WARNING,
@@ -66,7 +67,7 @@ from stepscope.optim_runner.plan import choose_fixes
 from stepscope.optim_runner.stats import speedup_ci, timed_step_times
 from stepscope.optim_runner.trials import candidate_arms
 from stepscope.store import RunStore
-from stepscope.store.calibration import Calibration, host_name, save_calibration
+from stepscope.store.calibration import save_calibration
 
 pytestmark = pytest.mark.slow
 
@@ -278,25 +279,6 @@ def test_run_page_without_trace_uses_the_step_timer(home: Path, recorded: dict) 
     assert "Where the main thread spends its time" not in [s.value for s in at.subheader]
 
 
-#: A CPU calibration with round figures for the recorded store's host: the test checks
-#: the arithmetic against it, not a measurement.
-CALIBRATION = Calibration(
-    matmul_gflops=100.0,
-    copy_gbs=20.0,
-    triad_gbs=25.0,
-    dtype="float32",
-    threads=2,
-    host=host_name(),
-    cpu_model="Test CPU",
-    torch_version="2.13.0",
-    date="2025-01-02T03:04:05+00:00",
-    matmul_size=1024,
-    stream_mib=256.0,
-    seconds=3.0,
-    repeats=5,
-)
-
-
 def test_run_page_mfu_phases_and_roofline(home: Path, recorded: dict) -> None:
     """The profiled run: MFU against the home's calibration (and, without one, the line
     that says to calibrate), the trace's phases per step, the roofline tab."""
@@ -304,7 +286,7 @@ def test_run_page_mfu_phases_and_roofline(home: Path, recorded: dict) -> None:
     with RunStore(home) as store:
         arts = store.artifacts(run_id)
     paths = list(arts.loc[arts["kind"] == "trace", "path"])
-    cal_file = save_calibration(home, CALIBRATION)
+    cal_file = save_calibration(home, ROUND_CALIBRATION)
     try:
         at = open_page("run", run=str(run_id))
         no_errors(at)

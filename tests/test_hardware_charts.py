@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from calibrations import ROUND_CALIBRATION
 from traces import CPU_ONLY, RESNET_NW0, trace_path
 
 from stepscope.analyzers.phases import PHASES
@@ -26,7 +27,7 @@ from stepscope.app.dashboard.charts.hardware import (
     roof_lines,
     roofline_chart,
 )
-from stepscope.store.calibration import Calibration, host_name, save_calibration
+from stepscope.store.calibration import save_calibration
 from stepscope.types import PHASE_LABELS
 
 
@@ -71,31 +72,13 @@ def _cpu_capture(folder: Path) -> Path:
     return path
 
 
-#: A calibration with round figures (not measured: the test checks the arithmetic).
-CAL = Calibration(
-    matmul_gflops=100.0,
-    copy_gbs=20.0,
-    triad_gbs=25.0,
-    dtype="float32",
-    threads=2,
-    host=host_name(),
-    cpu_model="Test CPU",
-    torch_version="2.13.0",
-    date="2025-01-02T03:04:05+00:00",
-    matmul_size=1024,
-    stream_mib=256.0,
-    seconds=3.0,
-    repeats=5,
-)
-
-
 @pytest.fixture(scope="module")
 def cpu(tmp_path_factory: pytest.TempPathFactory) -> tuple[TraceReport, TraceReport]:
     """The same CPU capture with the home's calibration and without one."""
     folder = tmp_path_factory.mktemp("cpu")
     path = _cpu_capture(folder)
     home = folder / "home"
-    save_calibration(home, CAL)
+    save_calibration(home, ROUND_CALIBRATION)
     return analyze_trace(path, calibration_home=home), analyze_trace(path)
 
 
