@@ -128,7 +128,7 @@ def test_output_stdin_and_exit_code_pass_through(tmp_path: Path) -> None:
     assert run["config"]["sample_interval"] == 0.5
 
 
-def test_failing_job_keeps_traceback_and_records_error(tmp_path: Path) -> None:
+def test_failing_job_keeps_traceback_and_records_error(tmp_path: Path, store_backend: str) -> None:
     job = _write(tmp_path, "bad.py", "def f():\n    raise ValueError('boom in the job')\nf()\n")
     out = _run(["--", sys.executable, str(job)])
     assert out.returncode == 1
@@ -152,7 +152,9 @@ def test_command_not_found(tmp_path: Path) -> None:
     assert "no-such-command-xyz" in run["error"]
 
 
-def test_ctrl_c_to_the_process_group_interrupts_and_finalises(tmp_path: Path) -> None:
+def test_ctrl_c_to_the_process_group_interrupts_and_finalises(
+    tmp_path: Path, store_backend: str
+) -> None:
     # its own session, so that the signal reaches the launcher and the job as a terminal's would
     launcher, _ = _start_waiting(tmp_path, start_new_session=True)
     procs = _descendants(launcher.pid)  # the job and the sampler
@@ -180,7 +182,7 @@ def test_sigterm_to_the_launcher_is_forwarded_to_the_job(tmp_path: Path) -> None
     _assert_all_gone(procs)
 
 
-def test_job_killed_by_sigkill(tmp_path: Path) -> None:
+def test_job_killed_by_sigkill(tmp_path: Path, store_backend: str) -> None:
     job = _write(tmp_path, "die.py", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
     out = _run(["--", sys.executable, str(job)])
     assert out.returncode == 128 + signal.SIGKILL
@@ -189,7 +191,9 @@ def test_job_killed_by_sigkill(tmp_path: Path) -> None:
     assert run["error"] == "killed by SIGKILL"
 
 
-def test_launcher_killed_leaves_a_run_that_reads_as_lost(tmp_path: Path) -> None:
+def test_launcher_killed_leaves_a_run_that_reads_as_lost(
+    tmp_path: Path, store_backend: str
+) -> None:
     launcher, _ = _start_waiting(tmp_path)
     procs = _descendants(launcher.pid)
     job = next(p for p in procs if "wait.py" in " ".join(p.cmdline()))
@@ -208,7 +212,7 @@ def test_launcher_killed_leaves_a_run_that_reads_as_lost(tmp_path: Path) -> None
     _assert_all_gone(procs)  # the sampler follows the job out by itself
 
 
-def test_max_steps_stops_the_job_and_is_not_a_failure(tmp_path: Path) -> None:
+def test_max_steps_stops_the_job_and_is_not_a_failure(tmp_path: Path, store_backend: str) -> None:
     job = _write(tmp_path, "train.py", TRAIN_JOB)
     out = _run(["--max-steps", "5", "--", sys.executable, str(job)])
     assert out.returncode == 0, out.stderr.decode()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import subprocess
 import sys
@@ -40,7 +41,7 @@ def test_database_is_in_wal_mode(_isolated_store: Path) -> None:
         conn.close()
 
 
-def test_create_finish_and_resolve(tmp_path: Path) -> None:
+def test_create_finish_and_resolve(tmp_path: Path, store_backend: str) -> None:
     with RunStore(tmp_path / "h") as store:
         first = store.create_run(["python", "train.py", "--lr", "0.1"], env={"python": "3.11"})
         second = store.create_run(["python", "-m", "pkg.main"], name="exp-b", max_steps=7)
@@ -77,12 +78,12 @@ def test_create_finish_and_resolve(tmp_path: Path) -> None:
         assert list(listed["steps"]) == [0, 0, 0]
 
 
-def test_resolve_last_on_empty_store(tmp_path: Path) -> None:
+def test_resolve_last_on_empty_store(tmp_path: Path, store_backend: str) -> None:
     with RunStore(tmp_path / "h") as store, pytest.raises(RunNotFound):
         store.resolve_run("last")
 
 
-def test_reconcile_marks_run_of_dead_launcher_lost(tmp_path: Path) -> None:
+def test_reconcile_marks_run_of_dead_launcher_lost(tmp_path: Path, store_backend: str) -> None:
     pid, started = _dead_pid()
     me = psutil.Process()
     with RunStore(tmp_path / "h") as store:
@@ -111,18 +112,19 @@ def test_corrupt_database_gives_store_error_naming_the_file(tmp_path: Path) -> N
     assert str(db) in str(err.value)
 
 
-def test_newer_schema_is_refused(tmp_path: Path) -> None:
+def test_newer_schema_is_refused(tmp_path: Path, store_backend: str) -> None:
     home = tmp_path / "h"
-    RunStore(home).close()
-    conn = sqlite3.connect(home / "stepscope.db")
-    with conn:
-        conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (SCHEMA_VERSION + 1,))
-    conn.close()
+    with RunStore(home) as store:
+        store._db.execute(
+            "UPDATE meta SET value=:v WHERE key='schema_version'", {"v": str(SCHEMA_VERSION + 1)}
+        )
     with pytest.raises(StoreError, match="newer"):
         RunStore(home)
 
 
-def test_writer_flushes_within_a_second_from_another_thread(tmp_path: Path) -> None:
+def test_writer_flushes_within_a_second_from_another_thread(
+    tmp_path: Path, store_backend: str
+) -> None:
     home = tmp_path / "h"
     with RunStore(home) as store:
         run_id = store.create_run(["python", "t.py"])
@@ -154,7 +156,7 @@ def test_writer_flushes_within_a_second_from_another_thread(tmp_path: Path) -> N
         writer.close()
 
 
-def test_writer_close_commits_the_rest(tmp_path: Path) -> None:
+def test_writer_close_commits_the_rest(tmp_path: Path, store_backend: str) -> None:
     home = tmp_path / "h"
     with RunStore(home) as store:
         run_id = store.create_run(["python", "t.py"])
@@ -166,7 +168,7 @@ def test_writer_close_commits_the_rest(tmp_path: Path) -> None:
     assert list(steps["loss"]) == [0.5]
 
 
-def test_samples_wide_has_one_column_per_scope_metric(tmp_path: Path) -> None:
+def test_samples_wide_has_one_column_per_scope_metric(tmp_path: Path, store_backend: str) -> None:
     with RunStore(tmp_path / "h") as store:
         run_id = store.create_run(["x"])
         store.add_samples(
@@ -184,20 +186,26 @@ def test_samples_wide_has_one_column_per_scope_metric(tmp_path: Path) -> None:
 
 # Lines of the DDL that version 4 added (the phases of a step, a finding's phase).
 V4_LINES = ("forward_s", "backward_s", "optimizer_s", "phase ", "-- phases,", "-- recorded (a")
+# ... and version 5 (who started a run, its group, a sample's host; the new tables are
+# created by the DDL whatever the version, so they may stay).
+V5_LINES = ('"user"', "run_group", "-- shared key", "host    TEXT")
 
 
 def _old_ddl(*added: str, upto: str | None = None) -> str:
     """The DDL as an older release wrote it: without the lines that start with ``added``
-    (and only up to ``upto``)."""
+    (and only up to ``upto``), and without the comma left before a table's end."""
     from stepscope.store.schema import DDL
 
     text = DDL.split(upto)[0] if upto else DDL
-    return "\n".join(ln for ln in text.splitlines() if not ln.strip().startswith(added))
+    kept = "\n".join(ln for ln in text.splitlines() if not ln.strip().startswith(added))
+    return re.sub(r",(\s*(?:--[^\n]*)?\n\))", r"\1", kept)
 
 
 def test_version_1_store_is_migrated(tmp_path: Path) -> None:
     """A store written by the first release gains the facts column and findings table."""
-    v1_ddl = _old_ddl("facts", "-- optimizer, model", *V4_LINES, upto="-- The diagnosis of a run")
+    v1_ddl = _old_ddl(
+        "facts", "-- optimizer, model", *V4_LINES, *V5_LINES, upto="-- The diagnosis of a run"
+    )
     assert " facts " not in v1_ddl and "forward_s" not in v1_ddl
     tmp_path.mkdir(exist_ok=True)
     with sqlite3.connect(tmp_path / "stepscope.db") as conn:
@@ -243,7 +251,7 @@ def test_version_1_store_is_migrated(tmp_path: Path) -> None:
 def test_version_3_store_is_migrated(tmp_path: Path) -> None:
     """Steps recorded before the phases were keep NULL phases (unknown, not 0); new steps
     get theirs; findings keep their rows and gain the ``phase`` column."""
-    v3_ddl = _old_ddl(*V4_LINES)
+    v3_ddl = _old_ddl(*V4_LINES, *V5_LINES)
     assert "forward_s" not in v3_ddl and "phase " not in v3_ddl
     tmp_path.mkdir(exist_ok=True)
     with sqlite3.connect(tmp_path / "stepscope.db") as conn:
@@ -282,4 +290,38 @@ def test_version_3_store_is_migrated(tmp_path: Path) -> None:
         assert columns[-1] == "phase"
         assert conn.execute("SELECT phase FROM findings").fetchall() == [(None,)]
         version = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        assert int(version[0]) == SCHEMA_VERSION == 4
+        assert int(version[0]) == SCHEMA_VERSION
+
+
+def test_version_4_store_is_migrated(tmp_path: Path) -> None:
+    """Version 5: runs gain their user and group, samples their host, and the members
+    and ranks tables appear; the rows already there keep their values (NULL: unknown)."""
+    v4_ddl = _old_ddl(*V5_LINES, upto="-- The launchers of one run")
+    assert "run_group" not in v4_ddl and '"user"' not in v4_ddl
+    tmp_path.mkdir(exist_ok=True)
+    with sqlite3.connect(tmp_path / "stepscope.db") as conn:
+        conn.executescript(v4_ddl)
+        conn.execute("INSERT INTO meta VALUES ('schema_version', '4')")
+        conn.execute(
+            "INSERT INTO runs(name, command, cwd, started_at, host) VALUES ('old', '[]', '/', 1, 'h')"
+        )
+        conn.execute(
+            "INSERT INTO samples(run_id, t, scope, metric, value) VALUES (1, 1, 'p', 'm', 2)"
+        )
+    with RunStore(tmp_path) as store:
+        old = store.run(1)
+        assert old["user"] is None and old["run_group"] is None and old["name"] == "old"
+        assert store.samples(1)["host"].isna().all()
+        new = store.create_run(["python", "t.py"], run_group="job-7")
+        assert store.run(new)["run_group"] == "job-7" and store.run(new)["user"]
+        member = store.add_member(new, host="node-b", pid=1, pid_started_at=1.0, node_rank=1)
+        assert store.members(new)["id"].tolist() == [member]
+        store.register_rank(new, 3, "node-b", 42)
+        assert store.ranks(new)[["rank", "host", "pid"]].values.tolist() == [[3, "node-b", 42]]
+        # the partial unique index exists after the migration: one running run per group
+        assert store.join_or_create_run(["python", "t.py"], run_group="job-7") == (new, False)
+    with sqlite3.connect(tmp_path / "stepscope.db") as conn:
+        version = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        assert int(version[0]) == SCHEMA_VERSION == 5
+        indexes = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")]
+        assert "runs_group_running" in indexes

@@ -12,9 +12,13 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from stepscope.store.url import ENV_VAR as STORE_ENV
+from stepscope.store.url import redacted
+
 # Environment variables that change how a PyTorch job performs or distributes itself;
 # recorded so that two runs can be compared. Nothing else from the environment is
-# stored: it may hold secrets.
+# stored: it may hold secrets (the AWS_* credentials an s3:// artifact location reads,
+# store/artifacts.py, must never reach the store; tests/test_artifacts.py greps for them).
 RELEVANT_ENV = (
     "CUDA_VISIBLE_DEVICES",
     "CUDA_LAUNCH_BLOCKING",
@@ -54,4 +58,6 @@ def env_summary(extra_env: Mapping[str, str] | None = None) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "vars": {k: merged[k] for k in RELEVANT_ENV if k in merged},
+        # which store the run was recorded in; a password in its URL is never recorded
+        "store": redacted(merged[STORE_ENV]) if merged.get(STORE_ENV) else None,
     }

@@ -6,6 +6,10 @@ history must be started and stopped where the work happens. A window is opened b
 ``STEPSCOPE_PROFILE_AT``/``STEPSCOPE_PROFILE_STEPS`` or by a request file
 (``stepscope capture``). The trace is written with the file naming of
 ``tensorboard_trace_handler`` so TensorBoard, HTA and Perfetto open it unchanged.
+Where an artifact location other than the run folder is set (``STEPSCOPE_ARTIFACTS``,
+``store/artifacts.py``), each finished file is uploaded from a background thread and
+recorded with its URI; a failed upload keeps the local file's row and says why in the
+run's log.
 
 The job's stderr stays the job's. torch's profiler writes lines of its own there
 during a capture (torch 2.13): Kineto's ``USDT: ... profiler_start`` / ``profiler_stop``
@@ -37,6 +41,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from stepscope.collectors.control import CapturePoller
+from stepscope.store.artifacts import (
+    ArtifactError,
+    BackgroundUploads,
+    Location,
+    artifact_location,
+)
 
 # torch is imported inside the methods, as in the step timer's modules: the controller
 # is made from the bootstrap's torch import hook, and the module itself stays importable
@@ -87,6 +97,11 @@ class CaptureController:
         self._memory_history = False
         self._said_cpu_memory = False
         self._stem = ""
+        try:
+            self._location, self._location_error = artifact_location(), ""
+        except ArtifactError as exc:  # said in the run's log at the first capture
+            self._location, self._location_error = Location(), str(exc)
+        self._uploads = None if self._location.is_default else BackgroundUploads(self._location)
 
     # -- called by the step timer between steps ---------------------------------------
     def on_boundary(self, next_step: int) -> bool:
@@ -127,6 +142,8 @@ class CaptureController:
                 self._finish(max(0, min(done, self._steps)))
             except Exception as exc:
                 self._fail(exc)
+        if self._uploads is not None:
+            self._uploads.wait()  # the job is ending: its traces' rows come first
 
     def rearm(self) -> None:
         """The steps counted so far were not the job's steps (evaluation forwards before
@@ -174,6 +191,13 @@ class CaptureController:
         prof.step_num = first  # ProfilerStep#N then names the job's own step N
         self._stem = f"{socket.gethostname()}_{os.getpid()}.{int(time.time() * 1000)}"
         self._first, self._steps, self._reason, self._request_id = first, steps, reason, request_id
+        if self._location_error:
+            self._writer().log(
+                "warning", "artifacts", f"{self._location_error}; artifacts stay in the run folder"
+            )
+            self._location_error = ""
+        if self._uploads is not None:
+            self._uploads.prepare()
         if cuda:
             torch.cuda.memory._record_memory_history(max_entries=MEMORY_HISTORY_ENTRIES)
             self._memory_history = True
@@ -218,7 +242,7 @@ class CaptureController:
             return
         path = os.path.join(str(self.run_dir), f"{self._stem}.pt.trace.json.gz")
         prof.export_chrome_trace(path)
-        self._writer().add_artifact("trace", path, self._meta())
+        self._record("trace", path)
 
     def _dump_memory_snapshot(self) -> None:
         import torch  # local: see the note on torch
@@ -227,9 +251,27 @@ class CaptureController:
         path = os.path.join(str(self.run_dir), f"{self._stem}.memory_snapshot.pickle")
         try:
             torch.cuda.memory._dump_snapshot(path)
-            self._writer().add_artifact("memory_snapshot", path, self._meta())
+            self._record("memory_snapshot", path)
         finally:
             torch.cuda.memory._record_memory_history(enabled=None)
+
+    def _record(self, kind: str, path: str) -> None:
+        """The artifact's row: now with the local path, or once uploaded with its URI
+        (``local_path`` in its meta); a failed upload logs one line and keeps the local row."""
+        meta = self._meta()
+        writer = self._writer()
+        if self._uploads is None:
+            writer.add_artifact(kind, path, meta)
+            return
+
+        def done(uri: str | None, error: str | None) -> None:
+            if uri is None:
+                writer.log("warning", "artifacts", f"{kind} kept in the run folder only: {error}")
+                writer.add_artifact(kind, path, meta)
+            else:
+                writer.add_artifact(kind, uri, {**meta, "local_path": path})
+
+        self._uploads.submit(path, writer.run_id, self.rank, kind, done)
 
     def _fail(self, exc: BaseException) -> None:
         self.disabled = True

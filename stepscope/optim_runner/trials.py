@@ -19,6 +19,7 @@ from typing import Any
 from stepscope.collectors.launcher import launch_run
 from stepscope.optim_runner import plan as planning
 from stepscope.optim_runner.plan import PlannedFix
+from stepscope.store.artifacts import upload_run_file
 
 OUTPUT_LOG = "output.log"
 # Recorded variables that are about where the job ran, not how: not replayed.
@@ -119,8 +120,10 @@ def launch_trial(
             arm.fixes,
             seed=config["seed"],
             override_explicit=not config.get("keep_explicit", False),
+            record_outputs=config.get("record_outputs"),
         ),
     )
+    upload_run_file(store, run_id, OUTPUT_LOG, "log")  # to STEPSCOPE_ARTIFACTS, if set
     return run_id
 
 

@@ -2,19 +2,22 @@
 
 An experiment outlives no single run: its process launches many. It is written by
 that process only and polled by the dashboard, so progress goes through here.
-A part of ``RunStore`` (see ``store.py``): the methods here use the store's one
-connection and are called on the store itself.
+A part of ``RunStore`` (see ``store.py``): the methods here use the store's database
+(``db.py``) and are called on the store itself.
 """
 
 from __future__ import annotations
 
 import json
 import socket
-import sqlite3
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from stepscope.store.db import q
 from stepscope.store.liveness import vanished
+
+if TYPE_CHECKING:
+    from stepscope.store.db import Db
 
 _EXPERIMENT_JSON = ("config", "progress", "result")
 _EXPERIMENT_COLUMNS = frozenset(
@@ -29,7 +32,7 @@ class ExperimentNotFound(LookupError):
 class ExperimentsTable:
     """Experiments: created, updated and finished by their own process."""
 
-    _conn: sqlite3.Connection
+    _db: Db
 
     def create_experiment(
         self,
@@ -40,44 +43,41 @@ class ExperimentsTable:
         pid_started_at: float | None = None,
     ) -> int:
         """Insert an experiment in status ``running``; returns its id."""
-        with self._conn:
-            cur = self._conn.execute(
+        with self._db.begin() as conn:
+            new_id = q(
+                conn,
                 "INSERT INTO experiments(baseline_run_id, status, created_at, host, pid,"
-                " pid_started_at, config) VALUES (?, 'running', ?, ?, ?, ?, ?)",
-                (
-                    baseline_run_id,
-                    time.time(),
-                    socket.gethostname(),
-                    pid,
-                    pid_started_at,
-                    json.dumps(config or {}),
-                ),
-            )
-        return int(cur.lastrowid)
+                " pid_started_at, config) VALUES (:baseline, 'running', :t, :host, :pid,"
+                " :pid_started_at, :config) RETURNING id",
+                {
+                    "baseline": baseline_run_id,
+                    "t": time.time(),
+                    "host": socket.gethostname(),
+                    "pid": pid,
+                    "pid_started_at": pid_started_at,
+                    "config": json.dumps(config or {}),
+                },
+            ).scalar_one()
+        return int(new_id)
 
     def update_experiment(self, experiment_id: int, **fields: Any) -> None:
         """Set columns of an experiment; config/progress/result accept dicts."""
         if not fields:
             return
-        cols, vals = [], []
+        cols, vals = [], {"id": experiment_id}
         for key, value in fields.items():
             if key not in _EXPERIMENT_COLUMNS:
                 raise ValueError(f"{key} is not a column of experiments")
             if key in _EXPERIMENT_JSON and not isinstance(value, str):
                 value = json.dumps(value)
-            cols.append(f"{key}=?")
-            vals.append(value)
-        with self._conn:
-            self._conn.execute(
-                f"UPDATE experiments SET {', '.join(cols)} WHERE id=?", (*vals, experiment_id)
-            )
+            cols.append(f"{key}=:{key}")
+            vals[key] = value
+        self._db.execute(f"UPDATE experiments SET {', '.join(cols)} WHERE id=:id", vals)
 
     def experiment(self, experiment_id: int) -> dict[str, Any]:
         """One experiment with its JSON columns decoded; ExperimentNotFound when none."""
         self.reconcile_experiments()
-        row = self._conn.execute(
-            "SELECT * FROM experiments WHERE id=?", (experiment_id,)
-        ).fetchone()
+        row = self._db.row("SELECT * FROM experiments WHERE id=:id", id=experiment_id)
         if row is None:
             raise ExperimentNotFound(f"no experiment with id {experiment_id}")
         return _decode_experiment(row)
@@ -86,12 +86,12 @@ class ExperimentsTable:
         """All experiments (or those of one baseline run), newest first."""
         self.reconcile_experiments()
         if baseline_run_id is None:
-            rows = self._conn.execute("SELECT * FROM experiments ORDER BY id DESC").fetchall()
+            rows = self._db.rows("SELECT * FROM experiments ORDER BY id DESC")
         else:
-            rows = self._conn.execute(
-                "SELECT * FROM experiments WHERE baseline_run_id=? ORDER BY id DESC",
-                (baseline_run_id,),
-            ).fetchall()
+            rows = self._db.rows(
+                "SELECT * FROM experiments WHERE baseline_run_id=:b ORDER BY id DESC",
+                b=baseline_run_id,
+            )
         return [_decode_experiment(r) for r in rows]
 
     def reconcile_experiments(self) -> int:
@@ -101,19 +101,17 @@ class ExperimentsTable:
         dashboard polling its progress would otherwise wait forever.
         """
         changed = 0
-        for row in vanished(self._conn, "experiments"):
-            with self._conn:
-                self._conn.execute(
-                    "UPDATE experiments SET status='failed', ended_at=?,"
-                    " error=COALESCE(error, 'the experiment process vanished (killed?)')"
-                    " WHERE id=? AND status='running'",
-                    (time.time(), row["id"]),
-                )
-            changed += 1
+        for row in vanished(self._db, "experiments"):
+            changed += self._db.execute(
+                "UPDATE experiments SET status='failed', ended_at=:t,"
+                " error=COALESCE(error, 'the experiment process vanished (killed?)')"
+                " WHERE id=:id AND status='running'",
+                {"t": time.time(), "id": row["id"]},
+            ).rowcount
         return changed
 
 
-def _decode_experiment(row: sqlite3.Row) -> dict[str, Any]:
+def _decode_experiment(row: dict[str, Any]) -> dict[str, Any]:
     out = dict(row)
     for key in _EXPERIMENT_JSON:
         out[key] = json.loads(out[key]) if out[key] else {}

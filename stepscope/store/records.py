@@ -1,7 +1,7 @@
 """What the collectors record while a run goes: steps, samples, stacks, artifacts, its log.
 
-A part of ``RunStore`` (see ``store.py``): the methods here use the store's one
-connection and are called on the store itself. Writes come from inside the job (the
+A part of ``RunStore`` (see ``store.py``): the methods here use the store's database
+(``db.py``) and are called on the store itself. Writes come from inside the job (the
 BufferedWriter's thread), from the system sampler and from ``stepscope attach``; the
 reads return pandas DataFrames for the analyzers and the dashboard.
 """
@@ -10,13 +10,28 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from stepscope.store.db import q
+
 if TYPE_CHECKING:
     import pandas as pd
+
+    from stepscope.store.db import Db
+
+_STEP_COLUMNS = (
+    "run_id", "rank", "step", "start_s", "end_s", "data_wait_s", "device_s", "batch_size",
+    "loss", "kind", "profiled", "forward_s", "backward_s", "optimizer_s",
+)  # fmt: skip
+# A step written again (a late CUDA-event resolution) replaces the earlier row.
+_INSERT_STEPS = (
+    f"INSERT INTO steps({', '.join(_STEP_COLUMNS)})"
+    f" VALUES ({', '.join('?' for _ in _STEP_COLUMNS)})"
+    " ON CONFLICT(run_id, rank, step) DO UPDATE SET "
+    + ", ".join(f"{c}=excluded.{c}" for c in _STEP_COLUMNS[3:])
+)
 
 # pandas is imported inside the read functions only: the writer runs inside every
 # process of the user's job, where importing pandas would cost ~1 s and ~50 MB each.
@@ -25,7 +40,7 @@ if TYPE_CHECKING:
 class RunRecords:
     """Steps, samples, stack samples, artifacts and events of a run."""
 
-    _conn: sqlite3.Connection
+    _db: Db
 
     def add_steps(self, run_id: int, rows: Iterable[dict[str, Any]]) -> None:
         """Insert (or replace: a late CUDA-event resolution) step rows.
@@ -51,35 +66,33 @@ class RunRecords:
                 r.get("optimizer_s"),
             )
             for r in rows
-        ]
+        ]  # in the order of _STEP_COLUMNS
         if not data:
             return
-        with self._conn:
-            self._conn.executemany(
-                "INSERT OR REPLACE INTO steps(run_id, rank, step, start_s, end_s, data_wait_s,"
-                " device_s, batch_size, loss, kind, profiled, forward_s, backward_s,"
-                " optimizer_s) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                data,
-            )
+        self._db.executemany(_INSERT_STEPS, data)
 
     def delete_steps(self, run_id: int, rank: int, from_step: int) -> None:
         """Remove a rank's steps from ``from_step`` on (hook steps superseded by marks)."""
-        with self._conn:
-            self._conn.execute(
-                "DELETE FROM steps WHERE run_id=? AND rank=? AND step>=?", (run_id, rank, from_step)
-            )
+        self._db.execute(
+            "DELETE FROM steps WHERE run_id=:run_id AND rank=:rank AND step>=:step",
+            {"run_id": run_id, "rank": rank, "step": from_step},
+        )
 
     def add_samples(
-        self, run_id: int, rows: Iterable[tuple[float, str, str, float | None]]
+        self,
+        run_id: int,
+        rows: Iterable[tuple[float, str, str, float | None]],
+        host: str | None = None,
     ) -> None:
-        """Insert (t, scope, metric, value) samples."""
-        data = [(run_id, t, scope, metric, value) for t, scope, metric, value in rows]
+        """Insert (t, scope, metric, value) samples; ``host``: where they were measured
+        when not on the run's host (a node of a multi-node run)."""
+        data = [(run_id, t, scope, metric, value, host) for t, scope, metric, value in rows]
         if not data:
             return
-        with self._conn:
-            self._conn.executemany(
-                "INSERT INTO samples(run_id, t, scope, metric, value) VALUES (?,?,?,?,?)", data
-            )
+        self._db.executemany(
+            "INSERT INTO samples(run_id, t, scope, metric, value, host) VALUES (?,?,?,?,?,?)",
+            data,
+        )
 
     def add_stack_samples(
         self,
@@ -92,32 +105,38 @@ class RunRecords:
         rows = list(rows)
         if not rows:
             return 0
-        with self._conn:
-            self._conn.executemany(
-                "INSERT OR IGNORE INTO stacks(run_id, frames) VALUES (?, ?)",
-                [(run_id, frames) for _, _, _, frames, _ in rows],
+        with self._db.begin() as conn:
+            q(
+                conn,
+                "INSERT INTO stacks(run_id, frames) VALUES (:run_id, :frames)"
+                " ON CONFLICT(run_id, frames) DO NOTHING",
+                [{"run_id": run_id, "frames": f} for f in {r[3] for r in rows}],
             )
-            self._conn.executemany(
+            ids = dict(
+                q(
+                    conn, "SELECT frames, id FROM stacks WHERE run_id=:run_id", {"run_id": run_id}
+                ).all()
+            )
+            q(
+                conn,
                 "INSERT INTO stack_samples(run_id, t_start, t_end, pid, tid, thread, stack_id,"
-                " samples) SELECT ?, ?, ?, ?, ?, ?, id, ? FROM stacks"
-                " WHERE run_id = ? AND frames = ?",
+                " samples) VALUES (:run_id, :t_start, :t_end, :pid, :tid, :thread, :stack_id,"
+                " :samples)",
                 [
-                    (run_id, t_start, t_end, pid, tid, thread, n, run_id, frames)
+                    {"run_id": run_id, "t_start": t_start, "t_end": t_end, "pid": pid,
+                     "tid": tid, "thread": thread, "stack_id": ids[frames], "samples": n}
                     for pid, tid, thread, frames, n in rows
                 ],
-            )
+            )  # fmt: skip
         return sum(n for *_, n in rows)
 
     def stack_samples(self, run_id: int) -> pd.DataFrame:
         """The run's stack samples, one row per window, thread and distinct stack."""
-        import pandas as pd  # local: see the note on pandas at the top
-
-        return pd.read_sql_query(
+        return self._db.frame(
             "SELECT s.t_start, s.t_end, s.pid, s.tid, s.thread, k.frames, s.samples"
             " FROM stack_samples s JOIN stacks k ON k.id = s.stack_id"
-            " WHERE s.run_id = ? ORDER BY s.t_start, s.pid, s.tid",
-            self._conn,
-            params=(run_id,),
+            " WHERE s.run_id = :run_id ORDER BY s.t_start, s.pid, s.tid",
+            run_id=run_id,
         )
 
     def add_artifact(
@@ -129,12 +148,12 @@ class RunRecords:
         rank: int = 0,
         meta: dict[str, Any] | None = None,
     ) -> None:
-        with self._conn:
-            self._conn.execute(
-                "INSERT INTO artifacts(run_id, kind, path, rank, created_at, meta)"
-                " VALUES (?,?,?,?,?,?)",
-                (run_id, kind, str(path), rank, time.time(), json.dumps(meta or {})),
-            )
+        self._db.execute(
+            "INSERT INTO artifacts(run_id, kind, path, rank, created_at, meta)"
+            " VALUES (:run_id, :kind, :path, :rank, :t, :meta)",
+            {"run_id": run_id, "kind": kind, "path": str(path), "rank": rank, "t": time.time(),
+             "meta": json.dumps(meta or {})},
+        )  # fmt: skip
 
     def log_event(
         self,
@@ -147,28 +166,25 @@ class RunRecords:
         t: float | None = None,
     ) -> None:
         """Append to the run's log: collectors say here when they disable themselves."""
-        with self._conn:
-            self._conn.execute(
-                "INSERT INTO events(run_id, t, rank, level, source, message) VALUES (?,?,?,?,?,?)",
-                (run_id, t if t is not None else time.time(), rank, level, source, message),
-            )
+        self._db.execute(
+            "INSERT INTO events(run_id, t, rank, level, source, message)"
+            " VALUES (:run_id, :t, :rank, :level, :source, :message)",
+            {"run_id": run_id, "t": t if t is not None else time.time(), "rank": rank,
+             "level": level, "source": source, "message": message},
+        )  # fmt: skip
 
     def steps(self, run_id: int) -> pd.DataFrame:
         """Every column of the run's steps, phases included (NULL: not recorded)."""
-        import pandas as pd  # local: see the note on pandas at the top
-
-        return pd.read_sql_query(
-            "SELECT * FROM steps WHERE run_id=? ORDER BY rank, step", self._conn, params=(run_id,)
+        return self._db.frame(
+            "SELECT * FROM steps WHERE run_id=:run_id ORDER BY rank, step", run_id=run_id
         )
 
     def samples(self, run_id: int, wide: bool = False) -> pd.DataFrame:
-        """Samples in long form (t, scope, metric, value), or wide: one column per scope.metric."""
-        import pandas as pd  # local: see the note on pandas at the top
-
-        df = pd.read_sql_query(
-            "SELECT t, scope, metric, value FROM samples WHERE run_id=? ORDER BY t",
-            self._conn,
-            params=(run_id,),
+        """Samples in long form (t, scope, metric, value, host), or wide: one column per
+        scope.metric (host NULL: the run's host)."""
+        df = self._db.frame(
+            "SELECT t, scope, metric, value, host FROM samples WHERE run_id=:run_id ORDER BY t",
+            run_id=run_id,
         )
         if not wide or df.empty:
             return df
@@ -176,17 +192,11 @@ class RunRecords:
         return df.pivot_table(index="t", columns="column", values="value", aggfunc="last")
 
     def artifacts(self, run_id: int) -> pd.DataFrame:
-        import pandas as pd  # local: see the note on pandas at the top
-
-        df = pd.read_sql_query(
-            "SELECT * FROM artifacts WHERE run_id=? ORDER BY id", self._conn, params=(run_id,)
+        df = self._db.frame(
+            "SELECT * FROM artifacts WHERE run_id=:run_id ORDER BY id", run_id=run_id
         )
         df["meta"] = df["meta"].map(json.loads)
         return df
 
     def events(self, run_id: int) -> pd.DataFrame:
-        import pandas as pd  # local: see the note on pandas at the top
-
-        return pd.read_sql_query(
-            "SELECT * FROM events WHERE run_id=? ORDER BY t", self._conn, params=(run_id,)
-        )
+        return self._db.frame("SELECT * FROM events WHERE run_id=:run_id ORDER BY t", run_id=run_id)

@@ -1,24 +1,28 @@
 """The runs table: a run's row, its folder, its lifecycle, and finding a run by name.
 
-A part of ``RunStore`` (see ``store.py``): the methods here use the store's one
-connection and are called on the store itself.
+A part of ``RunStore`` (see ``store.py``): the methods here use the store's database
+(``db.py``) and are called on the store itself.
 """
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import socket
-import sqlite3
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stepscope.store.liveness import vanished
+from stepscope.store.db import q
+from stepscope.store.liveness import lost_runs
 
 if TYPE_CHECKING:
     import pandas as pd
+    from sqlalchemy import Connection
+
+    from stepscope.store.db import Db
 
 _JSON_COLUMNS = ("command", "env", "device", "config", "facts")
 
@@ -31,8 +35,8 @@ class RunsTable:
     """Runs: created by the launcher, updated by the job and finalised by the launcher."""
 
     home: Path
-    db_path: Path
-    _conn: sqlite3.Connection
+    location: str
+    _db: Db
 
     def run_dir(self, run_id: int) -> Path:
         """Folder for a run's artifacts (traces, snapshots, control files)."""
@@ -53,55 +57,68 @@ class RunsTable:
         config: dict[str, Any] | None = None,
         parent_run_id: int | None = None,
         status: str = "running",
+        run_group: str | None = None,
     ) -> int:
-        """Insert a run in status ``running`` and create its folder; returns its id."""
+        """Insert a run in status ``running`` and create its folder; returns its id.
+
+        ``run_group`` ties the launchers of one multi-node job to one run (see
+        ``join_or_create_run``); at most one running run per group can exist.
+        """
         cmd = list(command)
-        with self._conn:
-            cur = self._conn.execute(
-                "INSERT INTO runs(name, command, cwd, status, started_at, host, pid, pid_started_at,"
-                " max_steps, env, config, parent_run_id) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                (
-                    name or _default_name(cmd),
-                    json.dumps(cmd),
-                    cwd or os.getcwd(),
-                    status,
-                    time.time(),
-                    socket.gethostname(),
-                    pid,
-                    pid_started_at,
-                    max_steps,
-                    json.dumps(env or {}),
-                    json.dumps(config or {}),
-                    parent_run_id,
-                ),
-            )
-        run_id = int(cur.lastrowid)
-        self.run_dir(run_id)
-        return run_id
+        with self._db.begin() as conn:
+            run_id = q(
+                conn,
+                "INSERT INTO runs(name, command, cwd, status, started_at, host, pid,"
+                ' pid_started_at, max_steps, env, config, parent_run_id, "user", run_group)'
+                " VALUES (:name, :command, :cwd, :status, :started_at, :host, :pid,"
+                " :pid_started_at, :max_steps, :env, :config, :parent_run_id, :user,"
+                " :run_group) RETURNING id",
+                {
+                    "name": name or _default_name(cmd),
+                    "command": json.dumps(cmd),
+                    "cwd": cwd or os.getcwd(),
+                    "status": status,
+                    "started_at": time.time(),
+                    "host": socket.gethostname(),
+                    "pid": pid,
+                    "pid_started_at": pid_started_at,
+                    "max_steps": max_steps,
+                    "env": json.dumps(env or {}),
+                    "config": json.dumps(config or {}),
+                    "parent_run_id": parent_run_id,
+                    "user": current_user(),
+                    "run_group": run_group,
+                },
+            ).scalar_one()
+        self.run_dir(int(run_id))
+        return int(run_id)
 
     def update_run(self, run_id: int, **fields: Any) -> None:
         """Set columns of a run; JSON columns accept dicts/lists."""
         if not fields:
             return
-        cols, vals = [], []
-        for key, value in fields.items():
+        cols, vals = [], {"id": run_id}
+        for i, (key, value) in enumerate(fields.items()):
             if key in _JSON_COLUMNS and not isinstance(value, str):
                 value = json.dumps(value)
-            cols.append(f"{key}=?")
-            vals.append(value)
-        with self._conn:
-            self._conn.execute(f"UPDATE runs SET {', '.join(cols)} WHERE id=?", (*vals, run_id))
+            cols.append(f'"{key}"=:v{i}')
+            vals[f"v{i}"] = value
+        with self._db.begin() as conn:
+            q(conn, f"UPDATE runs SET {', '.join(cols)} WHERE id=:id", vals)
 
     def merge_run_json(self, run_id: int, column: str, values: dict[str, Any]) -> None:
         """Merge keys into a JSON column (each rank adds what it learned about its device)."""
         if column not in _JSON_COLUMNS:
             raise ValueError(f"{column} is not a JSON column")
-        with self._conn:
-            row = self._conn.execute(f"SELECT {column} FROM runs WHERE id=?", (run_id,)).fetchone()
-            current = json.loads(row[0]) if row and row[0] else {}
+        with self._db.begin() as conn:
+            lock_run(conn, run_id)  # ranks merge at once: read and write under one lock
+            text = q(conn, f"SELECT {column} FROM runs WHERE id=:id", {"id": run_id}).scalar()
+            current = json.loads(text) if text else {}
             current.update(values)
-            self._conn.execute(
-                f"UPDATE runs SET {column}=? WHERE id=?", (json.dumps(current), run_id)
+            q(
+                conn,
+                f"UPDATE runs SET {column}=:v WHERE id=:id",
+                {"v": json.dumps(current), "id": run_id},
             )
 
     def finish_run(
@@ -112,54 +129,56 @@ class RunsTable:
         error: str | None = None,
     ) -> None:
         """Move a run to a final status; an error already recorded by the job is kept."""
-        with self._conn:
-            self._conn.execute(
-                "UPDATE runs SET status=?, exit_code=?, error=COALESCE(?, error), ended_at=?"
-                " WHERE id=?",
-                (status, exit_code, error, time.time(), run_id),
-            )
+        self._db.execute(
+            "UPDATE runs SET status=:status, exit_code=:exit_code, error=COALESCE(:error, error),"
+            " ended_at=:t WHERE id=:id",
+            {
+                "status": status,
+                "exit_code": exit_code,
+                "error": error,
+                "t": time.time(),
+                "id": run_id,
+            },
+        )
 
     def reconcile(self) -> int:
         """Mark runs whose launcher is gone as ``lost``; returns how many changed.
 
         A launcher killed with SIGKILL cannot finalise its run, so every read checks
-        liveness instead of trusting ``status='running'`` forever.
+        liveness instead of trusting ``status='running'`` forever. Only processes on
+        this host can be checked: a run of another host (a shared store) is left alone,
+        and a run with members is lost only when none of them is running anywhere.
         """
         changed = 0
-        for row in vanished(self._conn, "runs"):
-            last = self._conn.execute(
-                "SELECT MAX(end_s) FROM steps WHERE run_id=?", (row["id"],)
-            ).fetchone()[0]
-            with self._conn:
-                self._conn.execute(
-                    "UPDATE runs SET status='lost', ended_at=COALESCE(?, started_at),"
+        for run_id in lost_runs(self._db):
+            with self._db.begin() as conn:
+                last = q(
+                    conn, "SELECT MAX(end_s) FROM steps WHERE run_id=:id", {"id": run_id}
+                ).scalar()
+                n = q(
+                    conn,
+                    "UPDATE runs SET status='lost', ended_at=COALESCE(:last, started_at),"
                     " error=COALESCE(error, 'the launcher vanished (killed?) before finalising')"
-                    " WHERE id=? AND status='running'",
-                    (last, row["id"]),
-                )
-            changed += 1
+                    " WHERE id=:id AND status='running'",
+                    {"last": last, "id": run_id},
+                ).rowcount
+            changed += n
         return changed
 
     def runs(self) -> pd.DataFrame:
         """All runs, newest first, with their step counts."""
-        # local: pandas costs ~1 s and ~50 MB, and the writer opens the store inside
-        # every process of the user's job
-        import pandas as pd
-
         self.reconcile()
-        df = pd.read_sql_query(
+        df = self._db.frame(
             "SELECT r.*, (SELECT COUNT(*) FROM steps s WHERE s.run_id=r.id) AS steps"
-            " FROM runs r ORDER BY r.id DESC",
-            self._conn,
+            " FROM runs r ORDER BY r.id DESC"
         )
         return _decode_json(df)
 
     def run(self, run_id: int) -> dict[str, Any]:
         self.reconcile()
-        row = self._conn.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
-        if row is None:
+        out = self._db.row("SELECT * FROM runs WHERE id=:id", id=run_id)
+        if out is None:
             raise RunNotFound(f"no run with id {run_id}")
-        out = dict(row)
         for key in _JSON_COLUMNS:
             out[key] = json.loads(out[key]) if out[key] else {}
         return out
@@ -168,21 +187,33 @@ class RunsTable:
         """Turn what a user typed (an id, a name, or 'last') into a run id."""
         text = str(ref).strip()
         if text in ("last", "latest"):
-            row = self._conn.execute("SELECT MAX(id) FROM runs").fetchone()
-            if row[0] is None:
+            last = self._db.scalar("SELECT MAX(id) FROM runs")
+            if last is None:
                 raise RunNotFound("the store has no runs yet")
-            return int(row[0])
-        if (
-            text.isdigit()
-            and self._conn.execute("SELECT 1 FROM runs WHERE id=?", (int(text),)).fetchone()
-        ):
+            return int(last)
+        if text.isdigit() and self._db.scalar("SELECT 1 FROM runs WHERE id=:id", id=int(text)):
             return int(text)
-        rows = self._conn.execute(
-            "SELECT id FROM runs WHERE name=? ORDER BY id DESC", (text,)
-        ).fetchall()
-        if rows:
-            return int(rows[0][0])
-        raise RunNotFound(f"no run with id or name {text!r} in {self.db_path}")
+        found = self._db.scalar(
+            "SELECT id FROM runs WHERE name=:name ORDER BY id DESC LIMIT 1", name=text
+        )
+        if found is not None:
+            return int(found)
+        raise RunNotFound(f"no run with id or name {text!r} in {self.location}")
+
+
+def lock_run(conn: Connection, run_id: int) -> None:
+    """Take the run's row lock (PostgreSQL) or the write lock (SQLite) before a
+    read-modify-write, so that two processes finalising or merging at once serialise.
+    A no-op UPDATE is the one statement both backends lock on."""
+    q(conn, "UPDATE runs SET status=status WHERE id=:id", {"id": run_id})
+
+
+def current_user() -> str | None:
+    """Who runs this: recorded with each run, since a shared store has many users."""
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no login name, no passwd entry (some containers)
+        return None
 
 
 def _default_name(command: list[str]) -> str:

@@ -7,6 +7,7 @@ second. A job killed with SIGKILL therefore loses at most the last interval.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -35,8 +36,10 @@ class BufferedWriter:
         *,
         interval_s: float = FLUSH_INTERVAL_S,
         rank: int = 0,
+        url: str | None = None,
     ) -> None:
         self.home = home
+        self.url = url  # None: $STEPSCOPE_STORE or the home's file, as RunStore resolves
         self.run_id = run_id
         self.rank = rank
         self.interval_s = interval_s
@@ -47,6 +50,7 @@ class BufferedWriter:
         self._events: deque[dict[str, Any]] = deque()
         self._run_updates: deque[tuple[str, dict[str, Any]]] = deque()
         self._step_deletions: deque[int] = deque()  # from_step, applied after inserts
+        self._ranks: deque[tuple[int, str, int | None]] = deque()
         self._store: RunStore | None = None
         self.before_flush: list[Callable[[], None]] = []
         self._lock = threading.Lock()  # serialises flushes, not appends
@@ -76,6 +80,10 @@ class BufferedWriter:
             {"t": time.time(), "level": level, "source": source, "message": message}
         )
 
+    def register_rank(self, rank: int, host: str, pid: int | None) -> None:
+        """Record which process on which host is ``rank`` (a multi-node job's map)."""
+        self._ranks.append((rank, host, pid))
+
     def merge_run_json(self, column: str, values: dict[str, Any]) -> None:
         """Merge keys into a JSON column of the run (env, device, config)."""
         self._run_updates.append((column, values))
@@ -86,6 +94,12 @@ class BufferedWriter:
 
     # -- flushing ---------------------------------------------------------------------
     def _loop(self) -> None:
+        # Open the store now rather than at the first flush: connecting (and, with a
+        # server, the round trips of the first open) then does not eat into the first
+        # interval, and the first rows land about a second after they were added.
+        with self._lock, contextlib.suppress(Exception):  # flush() retries and reports
+            if self._store is None:
+                self._store = RunStore(self.home, url=self.url)
         while not self._stop.wait(self.interval_s):
             self.flush()
 
@@ -105,12 +119,15 @@ class BufferedWriter:
             events = _drain(self._events)
             updates = _drain(self._run_updates)
             deletions = _drain(self._step_deletions)
-            if not (steps or samples or artifacts or events or updates or deletions):
+            ranks = _drain(self._ranks)
+            if not (steps or samples or artifacts or events or updates or deletions or ranks):
                 return
             try:
                 if self._store is None:
-                    self._store = RunStore(self.home, threadsafe=True)
+                    self._store = RunStore(self.home, url=self.url)
                 store = self._store
+                for rank, host, pid in ranks:
+                    store.register_rank(self.run_id, rank, host, pid)
                 store.add_steps(self.run_id, steps)
                 for from_step in deletions:
                     store.delete_steps(self.run_id, self.rank, from_step)
@@ -143,6 +160,10 @@ class BufferedWriter:
                 self._events.extendleft(reversed(events))
                 self._run_updates.extendleft(reversed(updates))
                 self._step_deletions.extendleft(reversed(deletions))
+                self._ranks.extendleft(reversed(ranks))
+                if self._store is not None:
+                    with contextlib.suppress(Exception):
+                        self._store.close()
                 self._store = None
 
     def close(self) -> None:
