@@ -20,15 +20,21 @@ WORKDIR /opt/stepscope
 COPY pyproject.toml README.md ./
 COPY stepscope ./stepscope
 COPY examples ./examples
-RUN pip install . && python -c "import stepscope, torch; print(stepscope.__version__, torch.__version__)"
+RUN pip install '.[s3]' && python -c "import stepscope, torch; print(stepscope.__version__, torch.__version__)"
 
 USER stepscope
 ENV STEPSCOPE_HOME=/home/stepscope/.stepscope
-# The dashboard binds to 127.0.0.1 unless told otherwise, so inside a container pass
-# --host 0.0.0.0 and publish the port on purpose:
-#   docker run --gpus all -p 127.0.0.1:8501:8501 stepscope demo --host 0.0.0.0
+# The dashboard binds to 127.0.0.1 unless told otherwise, and any other address needs
+# --allow-remote: inside a container pass both, and publish the port on the host's
+# loopback on purpose:
+#   docker run --gpus all -p 127.0.0.1:8501:8501 stepscope demo --host 0.0.0.0 --allow-remote
 #   docker run -p 127.0.0.1:8501:8501 -v stepscope-home:/home/stepscope/.stepscope \
-#       stepscope dashboard --host 0.0.0.0
+#       stepscope dashboard --host 0.0.0.0 --allow-remote
+# A team's shared store and artifacts (README, "Shared store"): pass the URLs and the
+# usual AWS variables; the password and keys are never recorded:
+#   docker run -e STEPSCOPE_STORE=postgresql://user:pw@db/stepscope \
+#       -e STEPSCOPE_ARTIFACTS=s3://bucket/stepscope -e AWS_ACCESS_KEY_ID -e AWS_SECRET_ACCESS_KEY \
+#       --gpus all -v $PWD:/work stepscope run -- python /work/train.py
 EXPOSE 8501
 ENTRYPOINT ["stepscope"]
 CMD ["--help"]

@@ -35,6 +35,7 @@ from stepscope.collectors.gpu_sampler import gpus_and_processes
 from stepscope.collectors.stack_sampler import RATE_HZ, StackRow, StackSampler
 from stepscope.collectors.system_sampler import run_sampler
 from stepscope.store import RunStore
+from stepscope.store.liveness import signalable_pid
 
 DEFAULT_DURATION_S = 30.0
 JOIN_TIMEOUT_S = 15.0
@@ -363,10 +364,11 @@ def stop_attach(store: Any, run_id: int) -> bool:
     """Detach a running attach early (SIGINT: it keeps what it recorded); False if it is
     not running any more."""
     run = store.run(run_id)
-    if run["status"] != "running" or not run.get("pid"):
+    pid = signalable_pid(run) if run["status"] == "running" else None
+    if pid is None:  # ended, or not a process of this host (a shared store)
         return False
     try:
-        os.kill(int(run["pid"]), signal.SIGINT)
+        os.kill(pid, signal.SIGINT)
     except (ProcessLookupError, PermissionError):
         return False
     return True

@@ -33,6 +33,7 @@ from stepscope.collectors.contract import ENV_PLAN
 from stepscope.collectors.env_summary import env_summary
 from stepscope.collectors.job_env import build_job_env
 from stepscope.collectors.job_signals import SignalState, end_group, forward, signal_name
+from stepscope.collectors.run_group import Membership, RunGroup, join_or_create, run_group_of
 from stepscope.collectors.sampler_process import remove_if_empty, start_sampler, stop_sampler
 from stepscope.store import RunStore
 
@@ -50,8 +51,13 @@ def launch(
     profile_at: int | None = None,
     profile_steps: int | None = None,
     sample_interval: float = 0.5,
+    run_group: str | None = None,
 ) -> int:
-    """Run ``command`` under stepscope; returns its exit code as a shell would report it."""
+    """Run ``command`` under stepscope; returns its exit code as a shell would report it.
+
+    The launchers of one multi-node job join one run (``run_group.py``): ``run_group``
+    names the group, else Slurm's job or torchrun's rendezvous does.
+    """
     return launch_run(
         command,
         name=name,
@@ -59,6 +65,7 @@ def launch(
         profile_at=profile_at,
         profile_steps=profile_steps,
         sample_interval=sample_interval,
+        group=run_group_of(command, os.environ, run_group),
     )[1]
 
 
@@ -79,6 +86,7 @@ def launch_run(
     timeout_s: float | None = None,
     quiet: bool = False,
     plan: Mapping[str, Any] | None = None,
+    group: RunGroup | None = None,
 ) -> tuple[int, int]:
     """Run ``command`` under stepscope; returns (run id, exit code).
 
@@ -89,7 +97,9 @@ def launch_run(
     ``timeout_s`` ends a job still running after that long, process group and all, as
     ``failed`` with exit code 124 (timeout(1)'s); ``quiet`` drops the launcher's lines;
     ``plan``: fixes for the bootstrap to apply (shape in ``contract.py``), written to
-    ``plan.json`` in the run folder, where it stays as the record of what was asked.
+    ``plan.json`` in the run folder, where it stays as the record of what was asked;
+    ``group``: the multi-node job this launcher is one node of (its run is joined, and
+    ended by the last launcher), None for a run of its own.
     """
     command = list(command)
     store = RunStore(home)
@@ -109,8 +119,10 @@ def launch_run(
         timeout_s=timeout_s,
         quiet=quiet,
     )
-    run_id = store.create_run(
+    job.member = join_or_create(
+        store,
         command,
+        group,
         name=name,
         cwd=job.cwd,
         pid=os.getpid(),
@@ -120,13 +132,14 @@ def launch_run(
         config=run_config,
         parent_run_id=parent_run_id,
     )
+    run_id = job.member.run_id
     run_dir = store.run_dir(run_id)
     if plan is not None:
         plan_path = run_dir / PLAN_FILENAME
         plan_path.write_text(json.dumps(plan, indent=1))
         job.extra_env[ENV_PLAN] = str(plan_path)
     if not quiet:
-        _say(f"recording run {run_id} ({store.run(run_id)['name']}) in {store.home}")
+        _say(_start_line(store, job.member, group))
 
     signals = SignalState(own_group=job.own_group)
     signals.install()
@@ -134,22 +147,34 @@ def launch_run(
         return run_id, _run(store, run_id, run_dir, command, run_config, signals, job)
     except BaseException as exc:
         # a launcher bug must still leave a final status, not a run 'running' forever
-        store.finish_run(run_id, "failed", error=f"stepscope launcher error: {_one_line(exc)}")
+        job.member.finish("failed", error=f"stepscope launcher error: {_one_line(exc)}")
         raise
     finally:
         signals.restore()
         store.close()
 
 
+def _start_line(store: Any, member: Membership, group: RunGroup | None) -> str:
+    run_id = member.run_id
+    where = f"run {run_id} ({store.run(run_id)['name']}) in {store.where}"
+    if group is None:
+        return f"recording {where}"
+    node = "" if member.node_rank is None else f" as node {member.node_rank}"
+    verb = "started" if member.created else "joined"
+    return f"launcher {verb} {where}{node} (multi-node group {group.key})"
+
+
 @dataclass
 class _JobOptions:
-    """How the job is started beyond its command (see ``launch_run``)."""
+    """How the job is started beyond its command (see ``launch_run``), and how this
+    launcher ends its run (``member``: alone, or as one node of a group)."""
 
     extra_env: dict[str, str]
     cwd: str
     output_path: str | os.PathLike[str] | None
     timeout_s: float | None
     quiet: bool
+    member: Any = None  # Membership, set once the run exists
 
     @property
     def own_group(self) -> bool:
@@ -170,11 +195,11 @@ def _run(
     env = _job_env(store, run_id, run_dir, config, job.quiet)
     env.update(job.extra_env)
     if signals.received is not None:  # stopped before the job even started
-        store.finish_run(run_id, "interrupted", 128 + signals.received, error="interrupted")
+        job.member.finish("interrupted", 128 + signals.received, error="interrupted")
         return 128 + signals.received
     if not os.path.isdir(job.cwd):  # Popen would blame the command for it
         error = f"working directory not found: {job.cwd}"
-        store.finish_run(run_id, "failed", EXIT_NOT_FOUND, error=error)
+        job.member.finish("failed", EXIT_NOT_FOUND, error=error)
         if not job.quiet:
             _say(error)
         return EXIT_NOT_FOUND
@@ -216,19 +241,24 @@ def _run(
     remove_if_empty(run_dir / "sampler.log")
     if timed_out:
         return _timed_out(store, run_id, job)
-    return _finalise(store, run_id, returncode, signals, job.quiet)
+    return _finalise(store, run_id, returncode, signals, job.member, job.quiet)
 
 
 def _timed_out(store: Any, run_id: int, job: _JobOptions) -> int:
     error = f"timed out after {job.timeout_s:g} s (hang?)"
-    store.finish_run(run_id, "failed", EXIT_TIMED_OUT, error=error)
+    job.member.finish("failed", EXIT_TIMED_OUT, error=error)
     if not job.quiet:
         _say(f"run {run_id} {error}")
     return EXIT_TIMED_OUT
 
 
 def _finalise(
-    store: Any, run_id: int, returncode: int, signals: SignalState, quiet: bool = False
+    store: Any,
+    run_id: int,
+    returncode: int,
+    signals: SignalState,
+    member: Membership,
+    quiet: bool = False,
 ) -> int:
     """Turn how the job ended into a run status; the job's own error line is kept."""
     run = store.run(run_id)
@@ -255,8 +285,8 @@ def _finalise(
     else:
         status = "failed"
         error = None if run.get("error") else f"exit code {returncode}"
-    store.finish_run(run_id, status, exit_code, error=error)
-    if status in ("completed", "stopped") and run.get("error"):
+    ended = member.finish(status, exit_code, error=error)
+    if ended and status in ("completed", "stopped") and run.get("error"):
         # A child process of the job (a helper script, a worker) raised, yet the job
         # itself succeeded: keep the message in the run's log, not as the run's error.
         store.update_run(run_id, error=None)
@@ -266,7 +296,10 @@ def _finalise(
     ranks = steps["rank"].nunique() if len(steps) else 0
     counted = f"{len(steps)} steps" if ranks <= 1 else f"{len(steps)} steps over {ranks} ranks"
     how = status if status in ("completed", "stopped") else f"{status} (exit code {exit_code})"
-    if not quiet:
+    if not quiet and not ended:  # one node of a multi-node run; the others go on
+        node = "this node" if member.node_rank is None else f"node {member.node_rank}"
+        _say(f"{node} of run {run_id} {how}; the run ends with its last node — so far {counted}")
+    elif not quiet:
         _say(f"run {run_id} {how}, {counted} — stepscope show {run_id}")
     return exit_code
 
@@ -275,7 +308,7 @@ def _not_started(
     store: Any, run_id: int, command: list[str], code: int, why: str, job: _JobOptions
 ) -> int:
     error = f"{why}: {command[0]}"
-    store.finish_run(run_id, "failed", code, error=error)
+    job.member.finish("failed", code, error=error)
     if not job.quiet:
         _say(error)
     return code

@@ -8,7 +8,8 @@ Run as ``python -m stepscope.collectors.system_sampler --home H --run-id N --pid
 It samples every ``--interval`` seconds, writes long-form rows
 ``(t, scope, metric, value)`` with scope ``proc`` (the job's process tree),
 ``system`` (the machine) and ``gpu<i>``, commits them about once a second, and stops
-(after a last flush) when the root process is gone or on SIGTERM.
+(after a last flush) when the root process is gone or on SIGTERM. Each row is stored
+with this host's name: a multi-node job's launchers each run a sampler into one run.
 
 CPU figures are computed from cpu-time deltas between two samples rather than with
 psutil's ``cpu_percent()``, because the job's tree changes (workers come and go) and a
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -235,6 +237,7 @@ def run_sampler(
             names = ", ".join(f"{g.index}: {g.name}" for g in handles)
             events.append(("info", "gpu_sampler", f"sampling GPUs ({names})"))
 
+    host = socket.gethostname()
     pending: list[Row] = []
     written = 0
     last_commit = time.monotonic()
@@ -251,7 +254,7 @@ def run_sampler(
                     events.append(("warning", "gpu_sampler", f"GPU sampling off: {exc!r}"))
                     handles = None
             if time.monotonic() - last_commit >= COMMIT_EVERY_S:
-                written += _commit(store, run_id, pending, events)
+                written += _commit(store, run_id, pending, events, host)
                 pending, events = [], []
                 last_commit = time.monotonic()
             if not tree.root_alive():
@@ -263,7 +266,7 @@ def run_sampler(
                 delay = 0
             if stop.wait(delay):
                 break
-        written += _commit(store, run_id, pending, events)
+        written += _commit(store, run_id, pending, events, host)
     finally:
         store.close()
         if handles:
@@ -271,13 +274,15 @@ def run_sampler(
     return written
 
 
-def _commit(store: Any, run_id: int, rows: list[Row], events: list[tuple[str, str, str]]) -> int:
+def _commit(
+    store: Any, run_id: int, rows: list[Row], events: list[tuple[str, str, str]], host: str
+) -> int:
     if not rows and not events:
         return 0
     try:
         for level, source, message in events:
             store.log_event(run_id, level, source, message)
-        store.add_samples(run_id, rows)
+        store.add_samples(run_id, rows, host=host)
     except Exception as exc:  # a locked or full disk must not crash the sampler
         print(f"stepscope sampler: cannot write samples ({exc})", file=sys.stderr)
         return 0

@@ -30,7 +30,9 @@ from stepscope.optim_runner.experiment import (
     process_started_at,
     run_experiment,
 )
+from stepscope.optim_runner.output_guard import check_limits
 from stepscope.store import RunStore
+from stepscope.store.liveness import signalable_pid
 
 MODULE = "stepscope.optim_runner.background"
 
@@ -45,6 +47,8 @@ def start_experiment(
     timeout_s: float | None = None,
     allow_numerics: bool = False,
     keep_explicit: bool = False,
+    output_tolerance: float | None = None,
+    min_agreement: float | None = None,
 ) -> int:
     """Start an experiment in a background process; returns its id at once.
 
@@ -54,6 +58,7 @@ def start_experiment(
     process's own output goes to ``<home>/experiments/<id>.log``.
     """
     check_size(steps, trials)
+    check_limits(output_tolerance, min_agreement)
     with RunStore(home) as store:
         planned = planning.choose_fixes(store, baseline_run_id, fixes, allow_numerics)
         if not planned:
@@ -65,6 +70,8 @@ def start_experiment(
             "timeout_s": timeout_s,
             "allow_numerics": allow_numerics,
             "keep_explicit": keep_explicit,
+            "output_tolerance": output_tolerance,  # the output guard's (inference jobs)
+            "min_agreement": min_agreement,
         }
         experiment_id = store.create_experiment(baseline_run_id, config)
         store.update_experiment(experiment_id, progress={"event": "starting", "done": 0})
@@ -100,10 +107,11 @@ def start_experiment(
 def cancel_experiment(store: Any, experiment_id: int) -> bool:
     """Ask a running experiment to stop (SIGTERM); its running trial is ended as well."""
     row = store.experiment(experiment_id)
-    if row["status"] != "running" or not row.get("pid"):
+    pid = signalable_pid(row) if row["status"] == "running" else None
+    if pid is None:  # ended, or not a process of this host (a shared store)
         return False
     try:
-        os.kill(int(row["pid"]), signal.SIGTERM)
+        os.kill(pid, signal.SIGTERM)
     except (ProcessLookupError, PermissionError):
         return False
     return True
@@ -141,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
                 "timeout_s": cfg.get("timeout_s"),
                 "allow_numerics": bool(cfg.get("allow_numerics")),
                 "keep_explicit": bool(cfg.get("keep_explicit")),
+                "output_tolerance": cfg.get("output_tolerance"),
+                "min_agreement": cfg.get("min_agreement"),
                 "experiment_id": args.experiment,
             }
         else:

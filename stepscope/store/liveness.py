@@ -1,26 +1,90 @@
 """Whether the process behind a row still 'running' (a run's launcher, an experiment) lives.
 
 A process killed with SIGKILL cannot say it stopped, so the readers of runs and of
-experiments ask this instead of trusting ``status='running'`` forever.
+experiments ask this instead of trusting ``status='running'`` forever. Only processes
+on this host can be asked: a shared store (PostgreSQL) is read from many hosts, and a
+row written by another host is never judged from here.
 """
 
 from __future__ import annotations
 
 import socket
-import sqlite3
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
+
+from stepscope.store.db import q
+
+if TYPE_CHECKING:
+    from stepscope.store.db import Db
 
 
-def vanished(conn: sqlite3.Connection, table: str) -> list[sqlite3.Row]:
+def vanished(db: Db, table: str) -> list[dict[str, Any]]:
     """Rows of ``table`` still 'running' whose process on this host is gone."""
+    rows = db.rows(f"SELECT id, pid, pid_started_at, host FROM {table} WHERE status='running'")
+    return _dead_here(rows)
+
+
+def lost_runs(db: Db) -> list[int]:
+    """Ids of running runs whose launchers are all gone.
+
+    A run without members has one launcher (``runs.pid``). A run with members (a
+    multi-node job) is lost only when every member on this host is gone and no member
+    elsewhere still runs; members found dead here are marked ``lost`` on the way.
+    """
+    running = db.rows("SELECT id, pid, pid_started_at, host FROM runs WHERE status='running'")
+    if not running:
+        return []
+    members = db.rows(
+        "SELECT m.id, m.run_id, m.pid, m.pid_started_at, m.host FROM run_members m"
+        " JOIN runs r ON r.id = m.run_id WHERE r.status='running' AND m.status='running'"
+    )
+    has_members = {
+        r["run_id"]
+        for r in db.rows(
+            "SELECT DISTINCT m.run_id FROM run_members m JOIN runs r ON r.id = m.run_id"
+            " WHERE r.status='running'"
+        )
+    }
+    dead_members = _dead_here(members)
+    if dead_members:
+        with db.begin() as conn:
+            for m in dead_members:
+                q(
+                    conn,
+                    "UPDATE run_members SET status='lost', ended_at=:t,"
+                    " error=COALESCE(error, 'the launcher vanished (killed?)')"
+                    " WHERE id=:id AND status='running'",
+                    {"t": time.time(), "id": m["id"]},
+                )
+    dead_ids = {m["id"] for m in dead_members}
+    still_running = {m["run_id"] for m in members if m["id"] not in dead_ids}
+    lost = [r["id"] for r in _dead_here([r for r in running if r["id"] not in has_members])]
+    lost += [rid for rid in sorted(has_members) if rid not in still_running]
+    return lost
+
+
+def signalable_pid(row: dict[str, Any]) -> int | None:
+    """The pid of a row's process (a run's launcher, an experiment) when it runs on this
+    host and is still the process the row recorded; else None.
+
+    A pid read from a shared store may belong to another host, or have been reused here
+    by an unrelated process: signalling it then would hit the wrong process.
+    """
+    # local: as in _dead_here
+    import psutil
+
+    pid = row.get("pid")
+    if pid is None or row.get("host") != socket.gethostname():
+        return None
+    return int(pid) if _process_alive(int(pid), row.get("pid_started_at"), psutil) else None
+
+
+def _dead_here(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     # local: only readers check liveness; the writer inside every process of the job
     # opens the store too and has no use for psutil
     import psutil
 
     host = socket.gethostname()
-    rows = conn.execute(
-        f"SELECT id, pid, pid_started_at, host FROM {table} WHERE status='running'"
-    ).fetchall()
     return [
         row
         for row in rows

@@ -108,7 +108,13 @@ def run_demo(home: Path, steps: int, trials: int, console: Any) -> tuple[int, in
 
 
 def cmd_demo(
-    home: str | None, host: str, port: int, steps: int, trials: int, dashboard: bool
+    home: str | None,
+    host: str,
+    port: int,
+    steps: int,
+    trials: int,
+    dashboard: bool,
+    allow_remote: bool = False,
 ) -> int:
     console = make_console()
     try:
@@ -131,4 +137,4 @@ def cmd_demo(
         f"[bold]open[/] {esc(base)}/optimize?run={run_id}&experiment={experiment_id} "
         f"(the experiment), or {base}/run?run={run_id} (the run and its diagnosis)"
     )
-    return cmd_dashboard(host=host, port=port)
+    return cmd_dashboard(host=host, port=port, allow_remote=allow_remote)

@@ -16,6 +16,7 @@ from stepscope.app.cli import term
 from stepscope.app.cli.findings_output import finding_text
 from stepscope.app.cli.term import esc, print_json, status_text
 from stepscope.app.formats import fmt_s, fmt_time, missing
+from stepscope.app.ownership import refusal
 from stepscope.collectors.control import request_capture
 from stepscope.store import RunStore
 
@@ -70,10 +71,10 @@ def cmd_runs(as_json: bool) -> int:
         return 0
     if not rows:
         term.console().print(
-            f"no runs yet in {esc(store.home)}: try stepscope run -- python train.py"
+            f"no runs yet in {esc(store.where)}: try stepscope run -- python train.py"
         )
         return 0
-    table = term.table(title=f"runs in {esc(store.home)}", title_justify="left")
+    table = term.table(title=f"runs in {esc(store.where)}", title_justify="left")
     with_findings = any(finding is not None for _, finding in rows)
     for col, justify in (
         ("id", "right"),
@@ -112,6 +113,10 @@ def cmd_capture(ref: str, steps: int) -> int:
     with RunStore() as store:
         run_id = store.resolve_run(ref)
         run = store.run(run_id)
+        refused = refusal(run)
+        if refused is not None:  # its folder and job may be another user's, elsewhere
+            print(f"stepscope: cannot capture run {run_id}: {refused}", file=sys.stderr)
+            return 1
         if run["status"] != "running":
             print(
                 f"stepscope: run {run_id} is not running (status: {run['status']}); "

@@ -8,6 +8,7 @@ second, stacks-only recording only as "Attach anyway".
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import datetime
 from pathlib import Path
@@ -19,6 +20,7 @@ import streamlit as st
 from stepscope.app.dashboard import data, stack_data, ui
 from stepscope.app.dashboard.attach_start import start
 from stepscope.app.dashboard.run_actions import capture_action
+from stepscope.app.ownership import is_own, refusal
 from stepscope.collectors.attach import DEFAULT_DURATION_S
 from stepscope.collectors.process_list import candidates
 from stepscope.store import RunNotFound
@@ -105,14 +107,23 @@ def _known_run(home: str, row: dict[str, Any], duration: int, name: str) -> None
     )
     if run["status"] == "running":
         st.markdown(f"**Capture** a profiler trace of the next steps of run {run_id}:")
-        capture_action(run_dir)
+        capture_action(run_dir, run)
+    refused = refusal(run)
     with st.expander("Attach anyway (a second, stacks-only recording)"):
         st.caption(
             "Records this process's Python stacks and system figures into a new run of "
             f"their own, beside run {run_id}; the run's own figures are the better ones."
         )
-        if st.button("Attach anyway", key="attach_anyway", icon=":material/link:"):
+        if st.button(
+            "Attach anyway",
+            key="attach_anyway",
+            icon=":material/link:",
+            disabled=refused is not None,
+            help=refused,
+        ):
             start(home, int(row["pid"]), float(duration), name)
+        if refused is not None:
+            st.caption(f"Not available: {refused}.")
 
 
 def _plain(home: str, row: dict[str, Any], duration: int, name: str) -> None:
@@ -133,7 +144,10 @@ def _plain(home: str, row: dict[str, Any], duration: int, name: str) -> None:
 
 def pick(home: str) -> None:
     """The processes, the choice, the duration and name, and the Attach button."""
-    live = stack_data.running_attaches(home) if (Path(home) / "stepscope.db").exists() else []
+    has_store = os.environ.get("STEPSCOPE_STORE") or (Path(home) / "stepscope.db").exists()
+    live = stack_data.running_attaches(home) if has_store else []
+    # a shared store lists other hosts' attaches too: their pids mean nothing here
+    live = [r for r in live if is_own(r)]
     if live:
         st.markdown("**Attaching now**")
         for r in live:

@@ -15,6 +15,8 @@ from pathlib import Path
 import streamlit as st
 from streamlit.runtime.scriptrunner_utils.exceptions import ScriptControlException
 
+from stepscope.app.dashboard import sign_in
+
 # Not "pages/": Streamlit treats a pages/ folder beside the entry script as a v1
 # multipage app and runs a page file on its own (no navigation, no layout, no error
 # guard) whenever a session's first request is that page's URL.
@@ -41,6 +43,7 @@ PAGES = [
     st.Page(VIEWS / "attach.py", title="Attach", icon=":material/link:", url_path="attach"),
 ]
 
+sign_in.gate()  # only with `stepscope dashboard --require-login`
 page = st.navigation(PAGES)
 try:
     page.run()

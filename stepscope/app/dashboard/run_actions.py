@@ -4,10 +4,13 @@ in TensorBoard (started by this dashboard, one per run folder)."""
 from __future__ import annotations
 
 import atexit
+from collections.abc import Mapping
+from typing import Any
 
 import streamlit as st
 
 from stepscope.app.dashboard import tensorboard, ui
+from stepscope.app.ownership import refusal
 from stepscope.collectors.control import request_capture
 
 
@@ -52,12 +55,26 @@ def tensorboard_action(run_dir: str, has_trace: bool) -> None:
     st.caption(tensorboard.PLUGIN_NOTE)
 
 
-def capture_action(run_dir: str) -> None:
-    """Only offered for a running job: it is the job that reads the request."""
+def capture_action(run_dir: str, run: Mapping[str, Any]) -> None:
+    """Only offered for a running job: it is the job that reads the request.
+
+    Disabled, with the reason, for a run recorded by another user or on another host
+    (``ownership``): its folder and its job are not this dashboard's to drive.
+    """
+    refused = refusal(run)
     with st.container(border=True):
         c1, c2 = st.columns([1, 3], vertical_alignment="bottom")
         k = int(c1.number_input("steps", min_value=1, max_value=100, value=3, key="capture_k"))
-        if c2.button(f"Capture {k} steps", key="capture", icon=":material/radio_button_checked:"):
+        clicked = c2.button(
+            f"Capture {k} steps",
+            key="capture",
+            icon=":material/radio_button_checked:",
+            disabled=refused is not None,
+            help=refused,
+        )
+        if refused is not None:
+            st.caption(f"Not available: {refused}.")
+        elif clicked:
             request_id = request_capture(run_dir, k)
             st.success(
                 f"Asked the job to profile its next {k} step(s) (request {request_id[:8]}); "

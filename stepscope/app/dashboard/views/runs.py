@@ -1,5 +1,10 @@
 """Runs: every recorded run, newest first, with its headline figures and top finding.
 
+A shared store (`stepscope dashboard --store postgresql://...`) holds everybody's runs:
+each shows who recorded it and on which host, and the user and host filters narrow the
+table (default: all). Reading is open to all; the actions that run something are for
+one's own runs on this host only (``app/ownership.py``).
+
 The table redraws itself every couple of seconds while any job runs (a fragment, so
 the filters and the rest of the page are not rebuilt), and stops doing so once none
 does: an idle dashboard left open all day costs nothing.
@@ -14,6 +19,7 @@ import streamlit as st
 
 from stepscope.app.dashboard import data, ui
 from stepscope.app.formats import fmt_pct
+from stepscope.app.ownership import this_host, this_user
 from stepscope.types import Finding
 
 home = data.store_home()
@@ -36,10 +42,19 @@ if table.empty:
     )
     st.stop()
 
-f1, f2 = st.columns([2, 3])
+f1, f2, f3, f4 = st.columns([2, 2, 2, 3])
 statuses = sorted(table["status"].unique())
 chosen = f1.multiselect("status", statuses, placeholder="all statuses", key="runs_status")
-name_filter = f2.text_input("name or command contains", key="runs_name").strip().lower()
+UNKNOWN = "(unknown)"  # runs recorded before users were recorded
+users = sorted({u if isinstance(u, str) else UNKNOWN for u in table["user"]})
+hosts = sorted({str(h) for h in table["host"]})
+chosen_users = f2.multiselect(
+    "user", users, placeholder="all users", key="runs_user", help=f"you are {this_user()}"
+)
+chosen_hosts = f3.multiselect(
+    "host", hosts, placeholder="all hosts", key="runs_host", help=f"this is {this_host()}"
+)
+name_filter = f4.text_input("name or command contains", key="runs_name").strip().lower()
 running_at_start = frozenset(table.loc[table["status"] == "running", "id"])
 
 
@@ -63,6 +78,8 @@ def _view(t: pd.DataFrame) -> pd.DataFrame:
             "samples/s": t["samples_per_s"].astype(float),
             "data wait (%)": t["data_wait_share"].astype(float) * 100,
             "top finding": [_finding_text(f) for f in t["top_finding"]],
+            "user": [u if isinstance(u, str) else "" for u in t["user"]],
+            "host": t["host"],
             "command": [ui.fmt_command(c) for c in t["command"]],
             "started": [datetime.fromtimestamp(s) for s in t["started_at"]],
         }
@@ -72,6 +89,10 @@ def _view(t: pd.DataFrame) -> pd.DataFrame:
 def _filtered(t: pd.DataFrame) -> pd.DataFrame:
     if chosen:
         t = t[t["status"].isin(chosen)]
+    if chosen_users:
+        t = t[t["user"].map(lambda u: u if isinstance(u, str) else UNKNOWN).isin(chosen_users)]
+    if chosen_hosts:
+        t = t[t["host"].astype(str).isin(chosen_hosts)]
     if name_filter:
         hay = t["name"].str.lower() + " " + t["command"].map(ui.fmt_command).str.lower()
         t = t[hay.str.contains(name_filter, regex=False)]
