@@ -46,6 +46,10 @@ Decisions, and why:
   host first synchronises (``.item()``, the optimizer): a capture's trace has the
   device's phases. None for runs recorded before the phases were (store version < 4)
   and for attached processes, whose rows have no phase columns.
+* **Latency** (``latency``): for an inference run (forward steps, no optimizer), the
+  latency distribution of its timed steps, requests/s and samples/s
+  (``analyzers/latency.py``, which says what a request's latency holds); None for a
+  training run.
 """
 
 from __future__ import annotations
@@ -55,6 +59,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from stepscope.analyzers.latency import latency_summary, per_rank_rate
 
 WARMUP_FRACTION = 0.10
 WARMUP_MAX = 5
@@ -120,25 +126,18 @@ def summarize_steps(
         "loss_first": None,
         "loss_last": None,
         "phases": None,
+        "latency": None,
     }
     if steps.empty:
         return out
 
-    df = steps.sort_values(["rank", "step"]).copy()
-    df["step_time_s"] = (df["end_s"] - df["start_s"]).clip(lower=0.0)
+    df = _ordered(steps)
     ranks = sorted(int(r) for r in df["rank"].unique())
     out["ranks"] = ranks
     out["steps_per_rank"] = {str(r): int((df["rank"] == r).sum()) for r in ranks}
 
-    # warm-up per rank: each process has its own first steps
-    position = df.groupby("rank").cumcount()
-    sizes = df.groupby("rank")["step"].transform("size")
-    if warmup is None:
-        limit = sizes.map(default_warmup)
-    else:
-        limit = pd.Series(max(0, int(warmup)), index=df.index)
-    is_warmup = position < limit
-    profiled = df["profiled"].fillna(0).astype(bool) if "profiled" in df else False
+    is_warmup = _warmup_mask(df, warmup)
+    profiled = _profiled_mask(df)
     warm = df[is_warmup]
     out["warmup_steps"] = int(warm.groupby("rank").size().max()) if len(warm) else 0
     if len(warm):
@@ -179,8 +178,9 @@ def summarize_steps(
                 out["data_wait_share"] = out["data_wait_share_raw"]
         if "device_s" in timed and timed["device_s"].notna().all():
             out["device_step_time_median_s"] = float(timed["device_s"].median())
-        out["samples_per_s"] = _samples_per_s(timed)
+        out["samples_per_s"] = per_rank_rate(timed, "batch_size")
         out["phases"] = step_phases(timed)
+        out["latency"] = latency_summary(timed)
 
     if "loss" in df:
         losses = df[df["rank"] == ranks[0]]["loss"].dropna()
@@ -189,6 +189,40 @@ def summarize_steps(
             out["loss_first"] = float(losses.iloc[0])
             out["loss_last"] = float(losses.iloc[-1])
     return out
+
+
+def timed_steps(steps: pd.DataFrame, warmup: int | None = None) -> pd.DataFrame:
+    """The steps the timing figures are over: warm-up and profiled steps left out.
+
+    Sorted by rank and step, with ``step_time_s``; the one rule every caller that
+    compares or plots timed steps uses, so they see what ``summarize_steps`` sees.
+    """
+    if steps.empty:
+        return steps.assign(step_time_s=pd.Series(dtype=float))
+    df = _ordered(steps)
+    return df[~_warmup_mask(df, warmup) & ~_profiled_mask(df)]
+
+
+def _ordered(steps: pd.DataFrame) -> pd.DataFrame:
+    df = steps.sort_values(["rank", "step"]).copy()
+    df["step_time_s"] = (df["end_s"] - df["start_s"]).clip(lower=0.0)
+    return df
+
+
+def _warmup_mask(df: pd.DataFrame, warmup: int | None) -> pd.Series:
+    """Warm-up per rank (each process has its own first steps), over ``_ordered`` rows."""
+    position = df.groupby("rank").cumcount()
+    if warmup is None:
+        limit = df.groupby("rank")["step"].transform("size").map(default_warmup)
+    else:
+        limit = pd.Series(max(0, int(warmup)), index=df.index)
+    return position < limit
+
+
+def _profiled_mask(df: pd.DataFrame) -> pd.Series:
+    if "profiled" not in df:
+        return pd.Series(False, index=df.index)
+    return df["profiled"].fillna(0).astype(bool)
 
 
 def step_phases(steps: pd.DataFrame) -> dict[str, dict[str, float]] | None:
@@ -268,16 +302,3 @@ def describe_wait_outliers(summary: dict[str, Any]) -> str | None:
 def _ms(seconds: float) -> str:
     ms = 1000 * seconds
     return f"{ms:.0f} ms" if ms >= 10 else f"{ms:.1f} ms"
-
-
-def _samples_per_s(timed: pd.DataFrame) -> float | None:
-    """Global throughput: per rank, samples over that rank's step time; summed over ranks."""
-    if "batch_size" not in timed or timed["batch_size"].isna().all():
-        return None
-    total = 0.0
-    for _, rows in timed.groupby("rank"):
-        rows = rows[rows["batch_size"].notna()]
-        seconds = float(rows["step_time_s"].sum())
-        if seconds > 0:
-            total += float(rows["batch_size"].sum()) / seconds
-    return total or None

@@ -6,7 +6,9 @@ bounds. The ratio of *median* step times is kept beside it: it is robust to a
 neighbour's burst, but it flatters fixes that make steps bimodal (DataLoader workers
 with prefetching give many instant steps and a few long waits; see ``stats.py``).
 Throughput needs every timed step's batch size; without them the median ratio is all
-there is, and the page says so.
+there is, and the page says so. For two inference runs (``analyzers/latency.py``) the
+p50 and p99 latency ratios come beside it (A/B, > 1: B's requests return sooner), each
+with its interval: a fix can raise throughput and still lengthen the tail.
 
 Plain functions over step tables (no Streamlit), beside the experiment runner's own
 statistics, so the Compare page and the Optimize page's inline headline show the same
@@ -21,7 +23,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from stepscope.analyzers.latency import is_inference
 from stepscope.optim_runner.stats import SpeedupCI, sec_per_sample, speedup_ci, timed_step_times
+
+# The latency percentiles compared between inference runs: the typical request and the tail.
+LATENCY_RATIOS = ("p50", "p99")
 
 
 @dataclass(frozen=True)
@@ -31,6 +37,8 @@ class Speed:
     throughput: SpeedupCI | None
     step_time: SpeedupCI | None
     problem: str | None = None  # why there is no ratio at all
+    # inference runs: {"p50": ..., "p99": ...} latency ratios A/B; None for training runs
+    latency: dict[str, SpeedupCI | None] | None = None
 
     @property
     def headline(self) -> SpeedupCI | None:
@@ -61,7 +69,10 @@ def compare_speed(steps_a: pd.DataFrame, steps_b: pd.DataFrame) -> Speed:
             f"too few timed steps (A has {ta.size}, B has {tb.size}; each needs at least two, "
             "warm-up and profiled steps left out)"
         )
-    return Speed(throughput=throughput, step_time=step, problem=problem)
+    latency = None
+    if is_inference(steps_a) and is_inference(steps_b):
+        latency = {p: _ratio(ta, tb, p) for p in LATENCY_RATIOS}
+    return Speed(throughput=throughput, step_time=step, problem=problem, latency=latency)
 
 
-__all__ = ["Speed", "compare_speed", "sec_per_sample"]
+__all__ = ["LATENCY_RATIOS", "Speed", "compare_speed", "sec_per_sample"]

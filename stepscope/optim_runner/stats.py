@@ -13,15 +13,21 @@ experiment runner report the same numbers.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from stepscope.analyzers.step_stats import default_warmup
+from stepscope.analyzers.latency import PERCENTILES
+from stepscope.analyzers.step_stats import timed_steps
 
-__all__ = ["SpeedupCI", "sec_per_sample", "speedup_ci", "timed_step_times"]
+__all__ = [
+    "SpeedupCI",
+    "sec_per_sample",
+    "speedup_ci",
+    "timed_step_times",
+]
 
 FASTER = "faster"
 SLOWER = "slower"
@@ -69,6 +75,20 @@ def _mean_ratio(baseline: np.ndarray, candidate: np.ndarray, axis: int = -1) -> 
 _STATISTICS = {"median": _median_ratio, "mean": _mean_ratio}
 
 
+def _percentile_ratio(q: float) -> Callable[..., np.ndarray]:
+    def ratio(baseline: np.ndarray, candidate: np.ndarray, axis: int = -1) -> np.ndarray:
+        return np.percentile(baseline, q, axis=axis) / np.percentile(candidate, q, axis=axis)
+
+    return ratio
+
+
+# "p50" ... "p99": the latency percentiles of an inference run (``analyzers/latency.py``),
+# baseline/candidate as the others, so > 1 means the candidate's requests return sooner.
+# The bootstrap interval of a tail percentile rests on the few slowest steps: on a run of
+# a few dozen steps p99 is nearly the maximum, and its interval is wide, as it should be.
+_STATISTICS.update({f"p{q}": _percentile_ratio(q) for q in PERCENTILES})
+
+
 def _clean(values: Sequence[float] | np.ndarray, what: str) -> np.ndarray:
     arr = np.asarray(values, dtype=float).ravel()
     arr = arr[np.isfinite(arr)]
@@ -88,7 +108,10 @@ def speedup_ci(
     method: str = "percentile",
     statistic: str = "median",
 ) -> SpeedupCI:
-    """Ratio of median step times baseline/candidate with a bootstrap interval.
+    """Ratio of a statistic of step times baseline/candidate with a bootstrap interval.
+
+    ``statistic``: "median" (the default), "mean" (throughput, over seconds per sample)
+    or a latency percentile "p50", "p90", "p95", "p99".
 
     ``method`` is passed to ``scipy.stats.bootstrap`` ("percentile" by default: BCa's
     jackknife of a median is unstable on the short, tied samples of a bounded run).
@@ -137,21 +160,9 @@ def timed_step_times(steps: pd.DataFrame, warmup: int | None = None) -> np.ndarr
     """Host step times (s) of the steps ``summarize_steps`` times: no warm-up, no profiled.
 
     The same exclusions as the run's headline figures, so a compared median is the
-    median the run page shows.
+    median the run page shows. For an inference run these are its request latencies.
     """
-    if steps.empty:
-        return np.zeros(0)
-    df = steps.sort_values(["rank", "step"])
-    position = df.groupby("rank").cumcount()
-    if warmup is None:
-        limit = df.groupby("rank")["step"].transform("size").map(default_warmup)
-    else:
-        limit = pd.Series(max(0, int(warmup)), index=df.index)
-    keep = position >= limit
-    if "profiled" in df:
-        keep &= ~df["profiled"].fillna(0).astype(bool)
-    timed = df[keep]
-    return (timed["end_s"] - timed["start_s"]).clip(lower=0.0).to_numpy(dtype=float)
+    return timed_steps(steps, warmup)["step_time_s"].to_numpy(dtype=float)
 
 
 def sec_per_sample(steps: pd.DataFrame) -> np.ndarray | None:

@@ -30,6 +30,14 @@ _SHOWN_SAMPLES = (
     ("system.mem_used_bytes", "machine memory used", "bytes"),
     ("system.disk_read_bytes_per_s", "machine disk read", "rate"),
 )
+_LATENCY_ROWS = (
+    ("p50_s", "p50"),
+    ("p90_s", "p90"),
+    ("p95_s", "p95"),
+    ("p99_s", "p99"),
+    ("max_s", "max"),
+    ("mean_s", "mean"),
+)
 _GPU_SHOWN = (
     ("util_percent", "GPU util %", "pct"),
     ("mem_used_bytes", "GPU memory used", "bytes"),
@@ -157,6 +165,7 @@ def _print_show(d: dict[str, Any]) -> None:
     if d["loss_first"] is not None:
         st.add_row("loss first → last", f"{d['loss_first']:.4g} → {d['loss_last']:.4g}")
     console.print(st)
+    _print_latency(console, d["latency"])
 
     metrics = d["samples"]["metrics"]
     shown = [(k, label, kind) for k, label, kind in _SHOWN_SAMPLES if k in metrics]
@@ -194,6 +203,30 @@ def _print_show(d: dict[str, Any]) -> None:
                 fmt_time(e["t"], clock=True), esc(e["level"]), esc(e["source"]), esc(e["message"])
             )
         console.print(ev)
+
+
+def _print_latency(console: Any, lat: dict[str, Any] | None) -> None:
+    """An inference run: each step is a request or a batch; its latency distribution.
+
+    Two columns: the whole iteration (the step, data wait included: the basis of
+    requests/s) and the model call alone (``analyzers/latency.py`` says why both).
+    """
+    if lat is None:
+        return
+    t = term.table(
+        title=f"latency (inference: {lat['count']} timed requests or batches)",
+        title_justify="left",
+    )
+    t.add_column("")
+    t.add_column("iteration", justify="right")
+    t.add_column("model call", justify="right")
+    model = lat["model"] or {}
+    for key, label in _LATENCY_ROWS:
+        t.add_row(label, fmt_s(lat[key]), fmt_s(model.get(key)))
+    console.print(t)
+    console.print(
+        f"requests/s {fmt_num(lat['requests_per_s'])} · samples/s {fmt_num(lat['samples_per_s'])}"
+    )
 
 
 def _print_applied(console: Any, config: dict[str, Any] | None) -> None:

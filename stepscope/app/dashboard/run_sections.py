@@ -16,9 +16,12 @@ import pandas as pd
 import streamlit as st
 
 from stepscope.analyzers.breakdown import CATEGORIES
+from stepscope.analyzers.latency import wall_times
+from stepscope.analyzers.step_stats import timed_steps
 from stepscope.analyzers.trace_report import TraceReport
 from stepscope.app.applied import applied_changes, state, trial_label
 from stepscope.app.dashboard import data
+from stepscope.app.dashboard.charts.latency import latency_histogram, latency_over_time
 from stepscope.app.dashboard.charts.steps import breakdown_bars, step_time_chart
 from stepscope.app.dashboard.hardware_sections import phase_section
 from stepscope.app.formats import fmt_bytes, fmt_num, fmt_pct, fmt_s
@@ -109,6 +112,41 @@ def step_charts(d: data.RunData, report: TraceReport | None) -> None:
                 ),
                 key="step_time",
             )
+
+
+def latency_section(d: data.RunData) -> None:
+    """An inference run (each step one request or batch): its latency percentiles,
+    requests/s and samples/s, the latency histogram and latency over the run; nothing for
+    a training run. What a request's latency holds: ``analyzers/latency.py``."""
+    lat = d.summary.get("latency")
+    if lat is None:
+        return
+    st.markdown("**Latency** · inference: each step is one request or batch")
+    cols = st.columns(7)
+    for col, key in zip(cols, ("p50", "p90", "p95", "p99", "max"), strict=False):
+        col.metric(f"latency {key}", fmt_s(lat[f"{key}_s"]))
+    cols[5].metric("requests/s", fmt_num(lat["requests_per_s"]), help="all ranks together")
+    cols[6].metric("samples/s", fmt_num(lat["samples_per_s"]), help="all ranks together")
+    timed = timed_steps(d.steps)
+    model = lat.get("model")
+    model_s = timed["forward_s"].to_numpy(dtype=float) if model else None
+    left, right = st.columns(2)
+    with left:
+        st.plotly_chart(latency_histogram(wall_times(timed), model_s, lat), key="latency_hist")
+    with right:
+        st.plotly_chart(
+            latency_over_time(d.steps, timed.index, lat, float(d.run["started_at"])),
+            key="latency_time",
+        )
+    caption = (
+        f"Over {lat['count']} timed steps. Latency is the whole iteration (data wait, "
+        "moving the batch, the model call and the loop's own work)"
+    )
+    if model:
+        caption += (
+            f"; the model call alone: p50 {fmt_s(model['p50_s'])}, p99 {fmt_s(model['p99_s'])}"
+        )
+    st.caption(caption + ".")
 
 
 def no_trace_hint(run_id: int, running: bool) -> None:

@@ -4,6 +4,8 @@ The headline is throughput, as experiments decide it (``optim_runner/speed.py``)
 ratio of mean seconds per sample with a bootstrap interval, the median step-time ratio
 beside it; two single figures of a noisy machine say little on their own, so a ratio whose
 interval contains 1 is reported as no measurable change.
+For two inference runs the p50 and p99 latency ratios (A/B, with their intervals) come
+beside throughput: a change can serve more requests per second and still lengthen the tail.
 The breakdowns are compared on the same basis for both runs: the trace engine's
 categories when both have a trace, else the step timer's data wait / compute.
 """
@@ -22,7 +24,7 @@ from stepscope.app.dashboard.charts.compare import (
 )
 from stepscope.app.dashboard.charts.system import system_timelines
 from stepscope.app.formats import fmt_num, fmt_s, speed_caption
-from stepscope.optim_runner.speed import compare_speed
+from stepscope.optim_runner.speed import LATENCY_RATIOS, compare_speed
 from stepscope.optim_runner.stats import timed_step_times
 
 home = data.store_home()
@@ -112,6 +114,32 @@ cols[4].metric(
 )
 if speed.headline is not None:
     st.caption(speed_caption(speed))
+if speed.latency is not None:
+    lat_a, lat_b = da.summary["latency"] or {}, db.summary["latency"] or {}
+    lat_cols = st.columns(2 * len(LATENCY_RATIOS))
+    for i, name in enumerate(LATENCY_RATIOS):
+        key = f"{name}_s"
+        lat_cols[2 * i].metric(
+            f"latency {name} A → B",
+            f"{fmt_s(lat_a.get(key))} → {fmt_s(lat_b.get(key))}",
+            help="the whole iteration of each timed request or batch",
+        )
+        ci = speed.latency[name]
+        if ci is not None:
+            ui.ratio_metric(
+                lat_cols[2 * i + 1],
+                f"latency {name} ratio",
+                ci,
+                help=f"{name} latency A/B; > 1 means B's requests return sooner",
+            )
+    described = [f"{n}: {ci.describe()}" for n, ci in speed.latency.items() if ci is not None]
+    if described:
+        st.caption(
+            "Latency (inference runs: each step one request or batch): "
+            + "; ".join(described)
+            + ". Bootstrap over each run's timed steps; a tail percentile of a short run "
+            "rests on its few slowest steps."
+        )
 
 # -- breakdown before / after ------------------------------------------------------------------
 st.subheader("Where the step time goes")
@@ -153,7 +181,12 @@ else:
 
 left, right = st.columns(2)
 with left:
-    st.markdown("**Step-time distributions** (timed steps)")
+    inference = speed.latency is not None
+    st.markdown(
+        "**Latency distributions** (timed requests)"
+        if inference
+        else "**Step-time distributions** (timed steps)"
+    )
     st.plotly_chart(step_time_distributions({label_a: ta, label_b: tb}), key="distributions")
 with right:
     st.markdown("**Loss**")

@@ -15,6 +15,7 @@ import streamlit as st
 from stepscope.app.dashboard import (
     data,
     findings_view,
+    nodes_section,
     run_actions,
     stack_data,
     stack_sections,
@@ -24,7 +25,6 @@ from stepscope.app.dashboard import (
 )
 from stepscope.app.dashboard import hardware_sections as hw
 from stepscope.app.dashboard import run_sections as sec
-from stepscope.app.dashboard.charts.system import system_timelines
 from stepscope.store import RunNotFound
 
 home = data.store_home()
@@ -69,6 +69,7 @@ end = run["ended_at"] if run["ended_at"] else time.time()
 st.caption(
     f"started {started} · {end - run['started_at']:.1f} s"
     + (" so far" if live else "")
+    + (f" · by {run['user']}" if run.get("user") else "")
     + f" · host {run['host']} · folder `{d.run_dir}`"
 )
 st.code(ui.fmt_command(run["command"]), language="bash")
@@ -86,7 +87,7 @@ if live and attached:
         query_params={"run": str(run_id)},
     )
 elif live:
-    run_actions.capture_action(d.run_dir)
+    run_actions.capture_action(d.run_dir, run)
 
 
 @st.fragment(run_every=data.LIVE_REFRESH_S if live else None)
@@ -124,6 +125,7 @@ def live_step_charts() -> None:
     sec.step_charts(dd, report)
     if report is not None:
         hw.phase_section(dd.steps, report)
+    sec.latency_section(dd)  # inference runs only
 
 
 # -- trace ------------------------------------------------------------------------------
@@ -153,13 +155,16 @@ if not attached:  # an attached job has no step timer: its stack samples stand i
     if report is None and not paths:
         sec.no_trace_hint(run_id, live)
     live_step_charts()
+    nodes_section.nodes_section(home, run_id, data.run_marker(header), d.steps, report)
 live_stacks()
 
 tabs = st.tabs(
     ["System", "Memory", "Kernels & operators", "Roofline", "Step timeline", "Files & tools", "Log"]
 )
 with tabs[0]:
-    fig = system_timelines({"run": (d.samples, float(run["started_at"]))})
+    fig = nodes_section.system_figure(
+        home, run_id, data.run_marker(header), d.samples, float(run["started_at"])
+    )
     if fig is None:
         st.info("No system samples were recorded for this run.")
     else:
