@@ -78,6 +78,7 @@ class Job:
     optimizer: bool  # a torch.optim optimizer (else hand-written updates: forward steps)
     torchrun: bool = False
     max_steps: int | None = None
+    inference: bool = False  # no training at all: no losses; its own tests below
 
 
 PAUSE_AT_BATCH = 9  # lightning: the one 0.2 s stall, while loading this batch
@@ -149,8 +150,16 @@ JOBS: dict[str, Job] = {
         dataloader=False,
         optimizer=True,
     ),
+    "hf_inference": Job(
+        "hf_batch_inference.py",
+        (),
+        r"^batch (\d+)/\d+ ",  # no loss to print: the group is the batch's number
+        dataloader=True,
+        optimizer=False,
+        inference=True,
+    ),
 }
-COMPLETE = [name for name, job in JOBS.items() if job.max_steps is None]
+COMPLETE = [name for name, job in JOBS.items() if job.max_steps is None and not job.inference]
 WITH_LOADER = [name for name in COMPLETE if JOBS[name].dataloader]
 
 
@@ -458,3 +467,33 @@ def test_mlp_adamw_is_a_fused_optimizer_target(diagnosis) -> None:
     removes = REMOVES_OF_OPTIMIZER_PHASE
     assert fused["predicted_speedup"] == pytest.approx(1 / (1 - removes * first["share"]), abs=0.01)
     assert f"removes up to {100 * removes:.0f} %" in fused["basis"]
+
+
+# -- inference -------------------------------------------------------------------------------
+
+
+def test_hf_batch_inference_steps_are_the_model_calls(corpus_run) -> None:
+    """HF batch scoring under no_grad: one forward step per `model(**batch)` call (called
+    with keyword arguments only), each with its batch's samples."""
+    rec = corpus_run("hf_inference")
+    assert rec.proc.returncode == 0, rec.proc.stderr[-3000:]
+    rank0 = rec.rank(0)
+    assert len(rank0) == rec.corpus["iterations"] == len(rec.printed_losses)
+    assert set(rank0["kind"]) == {"forward"}
+    assert rank0["batch_size"].tolist() == [rec.corpus["batch_size"]] * len(rank0)
+    forward = rec.run["facts"]["forward"]
+    assert forward == {
+        "steps": len(rank0),
+        "grad_steps": 0,
+        "train_mode_steps": 0,
+        "backward": False,
+    }
+
+
+def test_hf_batch_inference_under_no_grad_has_no_inference_warning(diagnosis) -> None:
+    """`model.eval()` and `torch.no_grad()`, as the docs write it: neither the gradients
+    nor the training-mode finding, and no training fix."""
+    analysis = diagnosis("hf_inference")
+    keys = {f"{f['class']}/{f['subtype']}" for f in analysis["findings"]}
+    assert not keys & {"compute/inference_grad", "compute/inference_train_mode"}, keys
+    assert not fix_ids(analysis) & {"inference_mode", "eval_mode", "fused_optimizer"}

@@ -1,7 +1,8 @@
 """Bottleneck classification: evidence in, findings out, most costly first.
 
 The rules, one module per bottleneck class (``rules_io``, ``rules_compute``,
-``rules_memory``, ``rules_communication``), each a plain function ``Evidence ->
+``rules_memory``, ``rules_communication``; ``rules_inference`` for how an inference job
+runs its model), each a plain function ``Evidence ->
 Finding | None`` for one subtype of the taxonomy (docs/architecture.md); they use the strongest
 evidence the run has (trace > steps > stacks > samples) and say which numbers they used,
 against the thresholds in ``thresholds``. This module runs them all, discounts their
@@ -26,10 +27,12 @@ from stepscope.analyzers.evidence import Evidence, from_trace, gather
 from stepscope.analyzers.recommend import recommend
 from stepscope.analyzers.rules_communication import collectives, host_device
 from stepscope.analyzers.rules_compute import device_compute, host_overhead, optimizer_step
+from stepscope.analyzers.rules_inference import inference_grad, inference_train_mode, small_batch
 from stepscope.analyzers.rules_io import input_pipeline, storage, waiting_process
 from stepscope.analyzers.rules_memory import memory_bandwidth, memory_capacity
 from stepscope.analyzers.trace_load import TraceError
 from stepscope.analyzers.trace_report import TraceReport, analyze_trace
+from stepscope.store.artifacts import ArtifactError, kind_files
 from stepscope.types import Finding
 
 LEVEL_CONFIDENCE = {"trace": 1.0, "steps": 0.85, "stacks": 0.75, "samples": 0.6, "none": 0.3}
@@ -67,6 +70,9 @@ RULES: tuple[Callable[[Evidence], Finding | None], ...] = (
     collectives,
     host_device,
     waiting_process,
+    inference_grad,
+    inference_train_mode,
+    small_batch,
 )
 
 
@@ -136,8 +142,10 @@ def diagnose_run(
 
 
 def _run_report(store: Any, run_id: int) -> tuple[TraceReport | None, list[str]]:
-    arts = store.artifacts(run_id)
-    traces = arts[arts["kind"] == "trace"]["path"].tolist() if len(arts) else []
+    try:  # an uploaded trace is read from the artifact cache (store/artifacts.py)
+        traces = kind_files(store.artifacts(run_id), store.home, "trace")
+    except ArtifactError as exc:
+        return None, [f"trace not used: {exc}"]
     if not traces:
         return None, []
     try:

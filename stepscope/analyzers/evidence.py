@@ -100,6 +100,10 @@ def context_from_run(run: dict[str, Any]) -> JobContext:
     training = None
     if facts:
         training = bool(facts.get("optimizer")) or bool(model.get("grad_enabled"))
+        forward = facts.get("forward")
+        if forward and not facts.get("optimizer"):
+            # grad mode alone is not training: an inference job may forget inference_mode
+            training = bool(forward.get("backward"))
     return JobContext(
         cuda=cuda,
         vendor=vendor,

@@ -47,3 +47,21 @@ FRAGMENTATION_RATIO = 1.5
 # that the start-up of an attached job does not hide it) is computing.
 WAITING_CPU_PERCENT = 50.0
 COMPUTING_CPU_PERCENT = 80.0
+# Inference (``rules_inference``): a job with forward steps and no optimizer and no
+# backward. Most of its forward steps (half or more) recorded by autograd, or run with
+# the model in training mode, make a finding: one stray call (a warm-up under grad)
+# does not.
+INFERENCE_MODE_MIN = 0.5
+# Recording the graph is waste, not work, and its fix is free (automatic, the same
+# outputs): it ranks at the forward's full share, as waiting does, so it comes before the
+# compute findings of the same forward (PRODUCTIVE_WEIGHT). Without a trace the part of
+# the forward autograd's bookkeeping takes cannot be told from the work; and every other
+# fix of the forward (compile, bf16, int8) measured on a forward that records gradients
+# is measured against the wrong baseline. The gain shown is the fix's own Amdahl bound
+# (``fixes/inference_mode.py``: its typical range), not this weight.
+INFERENCE_GRAD_WEIGHT = 1.0
+# A batch of one sample: every per-call cost (Python, dispatch, launches, weights read
+# from memory for one row) is paid per sample; a larger batch removes up to 70 % of
+# the step there (``fixes/larger_batch.py``'s removes).
+SMALL_BATCH_MAX = 1.0
+SMALL_BATCH_WEIGHT = 0.7

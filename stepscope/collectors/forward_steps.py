@@ -27,6 +27,10 @@ modules alone get hooks of their own: the forward is still timed, at the cost of
 hooked call per outermost call instead of one per submodule. A module first called at
 top level after that is not timed (its time is the step's "other").
 
+How each forward step ran (grad mode on or off, the model in training mode or not) is
+counted for the job's facts at the step's end, once per step (``JobFacts.on_forward_step``):
+the inference findings read it.
+
 Methods of ``StepTimer`` (``step_timer.py``); the state only they use is set up by
 ``_init_forward_steps``, the rest in ``StepTimer.__init__``.
 """
@@ -116,7 +120,10 @@ class ForwardSteps:
                     self._fwd_anchor = weakref.ref(module)
                 elif anchor is not module:
                     return
-                self._forward_end()
+                grad = self._torch.is_grad_enabled()
+                # how the step ran (grad mode, train mode): the inference findings' facts
+                self.facts.on_forward_step(module, grad, self.backward_seen)
+                self._forward_end(grad)
             except StepLimitReached:
                 raise
             except Exception as exc:
@@ -161,9 +168,8 @@ class ForwardSteps:
         if depth == 0:
             self._phase_exit(FORWARD)
 
-    def _forward_end(self) -> None:
+    def _forward_end(self, grad: bool) -> None:
         end = time.time()
-        grad = self._torch.is_grad_enabled()
         if self._optimizers_made:
             # A training job before its first optimizer step: evaluation, or the
             # micro-batches of the first step. The optimizer step will tell.
@@ -198,6 +204,7 @@ class ForwardSteps:
         """A step of a job that updates by hand: its forward, backward and update."""
         self._fwd_since_boundary = False
         self._fwd_confirmed = True
+        self.facts.on_backward()  # before the first step writes the facts: not inference
         self._absorb_pending()  # the first iteration's forward, held until its backward
         row = self._take_row("forward", end)
         self._emit(row)

@@ -62,6 +62,28 @@ class JobFacts:
             self.facts["model"] = model_facts(module, args)
             self._changed = True
 
+    def on_forward_step(self, module: Any, grad: bool, backward_seen: bool) -> None:
+        """A forward step ended (a call of the outermost module, in a job with no optimizer
+        step yet): how it ran. Counted once per step, never per submodule call: whether
+        autograd recorded it (grad mode on and not ``inference_mode``: ``grad`` is False
+        inside inference_mode) and whether the model was in training mode. The diagnosis
+        reads the shares (``analyzers/rules_inference.py``)."""
+        fwd = self.facts.get("forward")
+        if fwd is None:
+            fwd = self.facts["forward"] = {"steps": 0, "grad_steps": 0, "train_mode_steps": 0}
+        fwd["steps"] += 1
+        fwd["grad_steps"] += bool(grad)
+        fwd["train_mode_steps"] += bool(getattr(module, "training", False))
+        fwd["backward"] = bool(backward_seen)
+        self._changed = True
+
+    def on_backward(self) -> None:
+        """A job with no optimizer ran a backward (it updates its parameters by hand)."""
+        forward = self.facts.get("forward")
+        if forward is not None and not forward.get("backward"):
+            forward["backward"] = True
+            self._changed = True
+
     def take_if_changed(self) -> dict[str, Any] | None:
         """Global settings are read now (the job may set them after importing torch)."""
         with contextlib.suppress(Exception):
@@ -118,6 +140,7 @@ def model_facts(module: Any, args: Any) -> dict[str, Any]:
         wrapper = "DataParallel"
     modules = list(inner.modules())
     params = list(inner.parameters())
+    mode_dependent = _mode_dependent_types(nn)
     out: dict[str, Any] = {
         "class": type(inner.module if wrapper else inner).__name__,
         "wrapper": wrapper,
@@ -128,6 +151,14 @@ def model_facts(module: Any, args: Any) -> dict[str, Any]:
         "param_dtype": str(params[0].dtype).replace("torch.", "") if params else None,
         "device": str(params[0].device) if params else None,
         "conv2d": any(isinstance(m, nn.Conv2d) for m in modules),
+        # what inference fixes act on: layers dynamic int8 quantisation replaces, and
+        # layers whose output depends on train()/eval() (dropout, batch statistics)
+        "quantizable": sorted(
+            {type(m).__name__ for m in modules if type(m) in (nn.Linear, nn.LSTM, nn.GRU)}
+        ),
+        "mode_dependent": sorted(
+            {type(m).__name__ for m in modules if isinstance(m, mode_dependent)}
+        ),
         "grad_enabled": torch.is_grad_enabled(),
         "inference_mode": torch.is_inference_mode_enabled(),
     }
@@ -156,6 +187,11 @@ def model_facts(module: Any, args: Any) -> dict[str, Any]:
 
             out["ddp"]["backend"] = dist.get_backend()
     return out
+
+
+def _mode_dependent_types(nn: Any) -> tuple[type, ...]:
+    """Layers that compute differently in train() and eval() mode."""
+    return (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
 
 
 def global_facts() -> dict[str, Any]:

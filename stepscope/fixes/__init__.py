@@ -5,8 +5,8 @@ whether it changes numerics, how to tell it is in effect, its predicted gain and
 sources, and the hooks through which the analyzers (``advise``), the plan
 (``choose_params``), the in-job installer (``install.py``) and the experiment
 (``took_effect``) use it. This module is the catalog: the list of those modules, in the
-order advice is given (most direct first, by area: input pipeline, precision, compute,
-memory, distributed). Adding a fix is one new module, listed here, plus its test.
+order advice is given (most direct first, by area: input pipeline, inference, precision,
+compute, memory, distributed). Adding a fix is one new module, listed here, plus its test.
 
 Typical gains are quoted only with their source; where none is quoted the prediction
 is the Amdahl bound from the finding's share alone (``analyzers.recommend.predict``).
@@ -26,11 +26,14 @@ from stepscope.fixes import (
     ddp_bucket_cap,
     ddp_gradient_as_bucket_view,
     ddp_static_graph,
+    eval_mode,
     expandable_segments,
     fewer_param_tensors,
     fp16_grad_scaler,
     fused_optimizer,
     gradient_checkpointing,
+    inference_mode,
+    int8_dynamic_quant,
     larger_batch,
     non_blocking_copies,
     persistent_workers,
@@ -48,10 +51,14 @@ MODULES = (
     prefetch_factor,
     pin_memory,
     non_blocking_copies,
+    # inference: autograd off, the model's eval mode
+    inference_mode,
+    eval_mode,
     # lower-precision arithmetic
     bf16_autocast,
     fp16_grad_scaler,
     tf32,
+    int8_dynamic_quant,
     # compute and host overhead
     torch_compile,
     cudnn_benchmark,
@@ -90,3 +97,58 @@ def for_problem(klass: str, subtype: str) -> list[Fix]:
 
 
 __all__ = ["FIXES", "MODULES", "Fix", "Typical", "for_problem", "get"]
+
+
+# -- fixes from outside the catalog --------------------------------------------------------
+# A plugin is a module that declares ``FIX = Fix(...)`` as the catalog's do, named in
+# STEPSCOPE_FIX_MODULES (comma-separated module names) or in the ``stepscope.fixes``
+# entry-point group of an installed package. The variable reaches every trial job (the
+# runner passes its environment on), where the installer reads this same catalog. A module
+# that fails to load, declares no Fix or reuses a known id is left out with one line on
+# stderr; the job and the experiment go on.
+PLUGIN_ENV = "STEPSCOPE_FIX_MODULES"
+PLUGIN_GROUP = "stepscope.fixes"
+PLUGIN_ERRORS: list[str] = []
+
+
+def load_plugins(names: str | None = None) -> list[str]:
+    """Add the plugin fixes to ``FIXES`` (after the catalog's); returns the ids added."""
+    # local: stdlib needed only here, at the catalog's import
+    import importlib
+    import importlib.metadata
+    import os
+    import sys
+
+    wanted = names if names is not None else os.environ.get(PLUGIN_ENV, "")
+    sources: list[tuple[str, object]] = []
+    for name in (n.strip() for n in wanted.split(",")):
+        if name:
+            sources.append((name, lambda name=name: importlib.import_module(name)))
+    try:
+        points = list(importlib.metadata.entry_points(group=PLUGIN_GROUP))
+    except Exception:
+        points = []
+    for point in points:
+        sources.append((f"{point.name} ({point.value})", point.load))
+    added = []
+    for label, load in sources:
+        try:
+            module = load()  # type: ignore[operator]
+            fix = getattr(module, "FIX", None)
+            if not isinstance(fix, Fix):
+                raise TypeError("it declares no FIX = Fix(...)")
+            if fix.id in FIXES:
+                if FIXES[fix.id] is fix:
+                    continue
+                raise ValueError(f"fix id {fix.id!r} is taken")
+        except Exception as exc:
+            message = f"fix module {label} not loaded ({type(exc).__name__}: {exc})"
+            PLUGIN_ERRORS.append(message)
+            print(f"stepscope: {message}", file=sys.stderr)
+            continue
+        FIXES[fix.id] = fix
+        added.append(fix.id)
+    return added
+
+
+load_plugins()

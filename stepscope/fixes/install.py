@@ -17,8 +17,9 @@ called for the plan's fixes in catalog order:
 * the models, found at their first top-level call (every module that owns optimizer
   parameters: a GAN's generator and discriminator both; or the first top-level module
   of an inference job): channels_last, bf16
-  autocast around its forward only (backward runs outside, as the AMP recipe says), and
-  torch.compile of its forward;
+  autocast around its forward only (backward runs outside, as the AMP recipe says),
+  torch.compile of its forward, and for inference jobs inference_mode and eval() (hooks
+  of the model's own) and dynamic int8 quantisation of its Linear/LSTM layers;
 * global settings (TF32, cudnn.benchmark, thread count) at import and again at the
   model's first call, in case the script set them in between.
 
@@ -51,7 +52,7 @@ from typing import Any
 
 from stepscope import fixes as catalog
 from stepscope.fixes.base import Fix
-from stepscope.fixes.points import Change, LoaderCall, ModelCall, to_channels_last
+from stepscope.fixes.points import Change, LoaderCall, ModelCall, wrapped_forward
 
 # Top-level module calls looked at before the model search gives up: global hooks run on
 # every module call of the training step, so they must not stay when nothing matches.
@@ -350,35 +351,37 @@ class PlanApplier:
             args=args,
             torch=torch,
         )
-        for fix, params in self._with("on_model"):
-            call.fix = fix.id
-            try:
-                fix.on_model(call, params)
-            except Exception as exc:
-                self.failed(fix.id, exc)
+        with _global_module_hooks_off(torch):
+            for fix, params in self._with("on_model"):
+                call.fix = fix.id
+                try:
+                    fix.on_model(call, params)
+                except Exception as exc:
+                    self.failed(fix.id, exc)
         self._autocast_ctx = call.autocast_ctx  # this first call is already under way
         for fix_id, change in call.changes:
             self._change(fix_id, change)
         if call.channels_last or call.autocast_dtype is not None:
-            module.forward = _wrapped_forward(
+            module.forward = wrapped_forward(
                 module.forward, torch, call.channels_last, call.autocast_dtype, call.device.type
             )
         return call.new_args
 
 
-def _wrapped_forward(
-    forward: Callable[..., Any], torch: Any, channels_last: bool, dtype: Any, device: str
-) -> Callable[..., Any]:
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
-        if channels_last:
-            args = tuple(to_channels_last(a, torch) for a in args)
-        if dtype is not None:
-            with torch.autocast(device, dtype=dtype):
-                return forward(*args, **kwargs)
-        return forward(*args, **kwargs)
-
-    wrapped.__wrapped__ = forward  # type: ignore[attr-defined]
-    return wrapped
+@contextlib.contextmanager
+def _global_module_hooks_off(torch: Any) -> Any:
+    """Fixes may call modules (quantisation's observers): the step timer's global hooks
+    must not take those calls for the job's (an observer would become the step's anchor)."""
+    module_mod = torch.nn.modules.module
+    tables = [module_mod._global_forward_pre_hooks, module_mod._global_forward_hooks]
+    saved = [dict(table) for table in tables]
+    for table in tables:
+        table.clear()
+    try:
+        yield
+    finally:
+        for table, entries in zip(tables, saved, strict=True):
+            table.update(entries)
 
 
 def install_plan(path: str, writer: Callable[[], Any]) -> PlanApplier | None:

@@ -28,7 +28,12 @@ def _on_loader(call: LoaderCall, params: dict[str, Any]) -> None:
 FIX = Fix(
     id="larger_batch",
     title="Larger batch with gradient accumulation kept equal in samples",
-    addresses=("compute/host_overhead", "compute/optimizer_step", "communication/collectives"),
+    addresses=(
+        "compute/host_overhead",
+        "compute/optimizer_step",
+        "communication/collectives",
+        "compute/small_batch",
+    ),
     requires=("dataloader",),
     changes_numerics=True,
     auto=True,

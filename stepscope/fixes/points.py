@@ -11,6 +11,7 @@ logs. Nothing here imports torch: these objects are built inside the job, after 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,4 +105,22 @@ def to_channels_last(value: Any, torch: Any) -> Any:
     return value
 
 
-__all__ = ["Change", "LoaderCall", "ModelCall", "to_channels_last"]
+def wrapped_forward(
+    forward: Callable[..., Any], torch: Any, channels_last: bool, dtype: Any, device: str
+) -> Callable[..., Any]:
+    """The model's forward with its inputs in NHWC and under autocast, as the model fixes
+    asked (``ModelCall.channels_last``, ``autocast_dtype``); the installer wraps once."""
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        if channels_last:
+            args = tuple(to_channels_last(a, torch) for a in args)
+        if dtype is not None:
+            with torch.autocast(device, dtype=dtype):
+                return forward(*args, **kwargs)
+        return forward(*args, **kwargs)
+
+    wrapped.__wrapped__ = forward  # type: ignore[attr-defined]
+    return wrapped
+
+
+__all__ = ["Change", "LoaderCall", "ModelCall", "to_channels_last", "wrapped_forward"]

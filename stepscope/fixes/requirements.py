@@ -61,6 +61,25 @@ def _supports_fused(ctx: JobContext) -> bool | None:
     return bool(opt.get("supports_fused")) or opt.get("foreach") is not None
 
 
+def _inference(ctx: JobContext) -> bool | None:
+    """No optimizer and no backward: the job only runs its model forward."""
+    return None if ctx.training is None else not ctx.training
+
+
+def _quantizable(ctx: JobContext) -> bool | None:
+    """Layers dynamic int8 quantisation replaces (nn.Linear, nn.LSTM) in the model."""
+    model = ctx.model
+    if "quantizable" not in model:
+        return None
+    return bool(set(model["quantizable"]) & {"Linear", "LSTM"})
+
+
+def _mode_dependent(ctx: JobContext) -> bool | None:
+    """Dropout or batch-norm layers: eval() changes what they compute."""
+    model = ctx.model
+    return bool(model["mode_dependent"]) if "mode_dependent" in model else None
+
+
 # Requirement name -> check. The names are what a Fix lists in ``requires``.
 REQUIREMENTS: dict[str, Callable[[JobContext], bool | None]] = {
     "cuda": _cuda,
@@ -80,6 +99,9 @@ REQUIREMENTS: dict[str, Callable[[JobContext], bool | None]] = {
     "fusable_optimizer": _supports_fused,
     "multi_core": lambda c: None if c.cpu_count is None else c.cpu_count > 1,
     "cpu_only": lambda c: None if c.cuda is None else not c.cuda,
+    "inference": _inference,
+    "linear_or_lstm": _quantizable,
+    "dropout_or_batchnorm": _mode_dependent,
 }
 
 

@@ -13,12 +13,32 @@ def _compiled(ctx: JobContext) -> bool | None:
     return ctx.model.get("compiled") if ctx.model else None
 
 
+def _choose_params(ctx: Any, finding: str | None) -> tuple[dict[str, Any], str]:
+    """``ctx.run``: the run's row. CUDA inference (no optimizer, no backward): CUDA graphs
+    (``mode="reduce-overhead"``) replay the whole forward with one launch; in training
+    they would hold the graph's memory across steps and fight the optimizer."""
+    facts = (ctx.run or {}).get("facts") or {}
+    model, forward = facts.get("model") or {}, facts.get("forward") or {}
+    inference = bool(forward.get("steps")) and not facts.get("optimizer")
+    if (
+        inference
+        and not forward.get("backward")
+        and str(model.get("device", "")).startswith("cuda")
+    ):
+        return {"mode": "reduce-overhead"}, "CUDA inference: CUDA graphs (reduce-overhead)"
+    return {}, ""
+
+
 def _on_model(call: ModelCall, params: dict[str, Any]) -> None:
     # the inner model: DDP's own forward (bucketing, hooks) stays eager
-    call.inner.forward = call.torch.compile(call.inner.forward)
+    mode = params.get("mode")
+    if mode == "reduce-overhead" and call.device.type != "cuda":
+        mode = None  # CUDA graphs need CUDA: the default mode elsewhere
+    call.inner.forward = call.torch.compile(call.inner.forward, mode=mode)
     call.record(
         Change(
-            f"torch.compile({type(call.inner).__name__}.forward)",
+            f"torch.compile({type(call.inner).__name__}.forward"
+            + (f", mode={mode!r})" if mode else ")"),
             verified=hasattr(call.inner.forward, "_torchdynamo_orig_callable"),
         )
     )
@@ -44,5 +64,6 @@ FIX = Fix(
     in_effect=_compiled,
     slow_start=True,
     target="a model called at top level",
+    choose_params=_choose_params,
     on_model=_on_model,
 )
