@@ -27,6 +27,7 @@ from stepscope.optim_runner.speed import Speed, compare_speed
 from stepscope.optim_runner.stats import SpeedupCI
 from stepscope.report import Report, findings_frame, steps_frame
 from stepscope.store import RunNotFound, RunStore, StoreError, default_home
+from stepscope.store.artifacts import ArtifactError, kind_files
 
 PathLike = str | os.PathLike[str]
 
@@ -88,7 +89,10 @@ def _analyze_run(ref: int | str, home: PathLike | None) -> Report:
         arts = store.artifacts(run_id)
         steps = store.steps(run_id)
         store_home = store.home
-    traces = arts[arts["kind"] == "trace"]["path"].tolist() if len(arts) else []
+    try:  # an uploaded trace is read from the artifact cache (store/artifacts.py)
+        traces = kind_files(arts, store_home, "trace")
+    except ArtifactError as exc:
+        raise TraceError(str(exc)) from None
     trace = analyze_trace(traces, calibration_home=store_home) if traces else None
     return Report(trace, run_id=run_id, home=store_home, steps=steps)
 

@@ -62,6 +62,7 @@ from stepscope.app.formats import fmt_num, fmt_pct, fmt_s
 from stepscope.collectors.attach import attach_run_of, start_attach
 from stepscope.collectors.control import capture_request_path
 from stepscope.collectors.launcher import launch_run
+from stepscope.fixes import get as get_fix
 from stepscope.optim_runner.background import start_experiment
 from stepscope.optim_runner.plan import choose_fixes
 from stepscope.optim_runner.stats import speedup_ci, timed_step_times
@@ -412,9 +413,15 @@ def test_corrupt_store_is_one_line_on_every_page(tmp_path: Path, monkeypatch) ->
 
 
 def test_locked_store_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Another process holds the write lock past the store's busy timeout (10 s)."""
+    """Another process holds the write lock past the store's busy timeout (10 s) while
+    the page must write: a run whose launcher is gone is marked lost as it is read
+    (reading alone is not blocked: WAL, and opening a store at its version only reads)."""
     home = tmp_path / "home"
-    RunStore(home).close()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead_started = psutil.Process(dead.pid).create_time()
+    dead.wait()
+    with RunStore(home) as store:
+        store.create_run(["python", "gone.py"], pid=dead.pid, pid_started_at=dead_started)
     holder = sqlite3.connect(home / "stepscope.db", isolation_level=None)
     holder.execute("BEGIN EXCLUSIVE")
     try:
@@ -627,7 +634,8 @@ def auto_fix_ids(home: Path, run_id: int) -> list[str]:
 
 def only_fixes(at: AppTest, run_id: int, keep: set[str]) -> None:
     for box in at.checkbox:
-        if box.key.startswith(f"fix_{run_id}_"):
+        # a fix that needs consent is locked (and unchecked) until numerics are allowed
+        if box.key.startswith(f"fix_{run_id}_") and not box.disabled:
             box.set_value(box.key.removeprefix(f"fix_{run_id}_") in keep)
     at.run()
 
@@ -674,16 +682,26 @@ def test_optimize_diagnoses_then_offers_the_auto_fixes(opt_home: Path, optimizab
     assert "dataloader_workers" in expected
     boxes = {b.key.removeprefix(f"fix_{run_id}_"): b for b in at.checkbox}
     assert sorted(boxes) == sorted(expected)
-    assert all(b.value and not b.disabled for b in boxes.values())  # none needs consent here
-    # so no "allow numerics" toggle either: only whether to keep the script's own values
-    assert [(t.key, t.value) for t in at.toggle] == [(f"keep_explicit_{run_id}", False)]
+    # A fix that changes numerics (bf16 autocast, on a CPU with native bf16) is offered
+    # locked and unchecked until numerics are allowed; every other one is checked.
+    consent = {f for f in expected if get_fix(f).needs_consent}
+    for fix_id, box in boxes.items():
+        if fix_id in consent:
+            assert box.disabled and not box.value and "needs consent" in box.label
+        else:
+            assert box.value and not box.disabled
+    toggles = [(t.key, t.value) for t in at.toggle]
+    assert (f"keep_explicit_{run_id}", False) in toggles
+    # the "allow numerics" toggle is there exactly when some fix needs consent
+    assert len(toggles) == (2 if consent else 1)
     assert [(n.label, n.value) for n in at.number_input] == [
         ("trials per arm", 3),
         ("steps per trial", 30),
     ]
     notes = next(df.value for df in at.dataframe if "parameters" in df.value.columns)
     with RunStore(opt_home) as store:
-        plans = {p.id: p for p in choose_fixes(store, run_id, expected)}
+        checked = [f for f in expected if f not in consent]
+        plans = {p.id: p for p in choose_fixes(store, run_id, checked)}
     row = notes[notes["fix"] == "dataloader_workers"].iloc[0]
     workers = plans["dataloader_workers"]
     assert row["parameters"] == f"num_workers={workers.params['num_workers']}"

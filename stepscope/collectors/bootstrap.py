@@ -23,6 +23,7 @@ import contextlib
 import importlib.abc
 import os
 import signal
+import socket
 import sys
 from typing import Any
 
@@ -134,6 +135,14 @@ class _Bootstrap:
             _say(f"step timer disabled ({type(exc).__name__}: {exc})")
             with contextlib.suppress(Exception):
                 self.writer().log("warning", "bootstrap", f"step timer disabled: {exc!r}")
+        if self.plan_path and not _is_launcher_agent():
+            # after the step timer: its hooks run first, so a step ends before the copy
+            # local: an inference trial's outputs, only when the plan asks for them
+            from stepscope.collectors.output_record import install_from_plan
+
+            recorder = install_from_plan(self.plan_path, self.run_dir, self.writer)
+            if recorder is not None:
+                atexit.register(recorder.at_exit)  # before the writer closes
 
     def _record_device_info(self) -> None:
         """Called by the step timer at its first step, once the rank is known."""
@@ -143,6 +152,8 @@ class _Bootstrap:
         info = device_info()
         info["rank"] = rank
         writer.merge_run_json("device", info if rank == 0 else {f"rank{rank}": info})
+        with contextlib.suppress(Exception):  # which node each rank ran on (multi-node runs)
+            writer.register_rank(rank, socket.gethostname(), os.getpid())
 
     # -- exit paths -------------------------------------------------------------------
     def _finalize_timer(self) -> None:

@@ -22,7 +22,9 @@ ENV_PLAN = "STEPSCOPE_PLAN"  # path of a plan JSON: fixes to apply inside the jo
 # The plan file (written by the experiment runner, read by optim_runner/apply.py):
 #   {"fixes": {"<fix id>": {<parameters>}, ...},   # e.g. {"dataloader_workers": {"num_workers": 4}}
 #    "override_explicit": true,                    # replace values the user's code set (default)
-#    "seed": 0 | null}                             # seed the RNGs before the script runs
+#    "seed": 0 | null,                             # seed the RNGs before the script runs
+#    "record_outputs": N}                          # optional: keep the model's first N outputs
+#                                                  # (inference trials; collectors/output_record.py)
 # Every change applied is logged to the run's events (source 'apply') and listed in
 # the run's config under "applied".
 

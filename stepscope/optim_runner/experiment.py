@@ -42,6 +42,7 @@ import psutil
 from stepscope.optim_runner import plan as planning
 from stepscope.optim_runner.contention import contention
 from stepscope.optim_runner.failures import Timeouts, drop_if_failed, trial_error
+from stepscope.optim_runner.output_guard import DEFAULT_RECORDED_CALLS, check_limits, is_inference
 from stepscope.optim_runner.plan import PlannedFix
 from stepscope.optim_runner.trials import Arm, candidate_arms, launch_trial, rotated
 from stepscope.optim_runner.verdict import (
@@ -88,6 +89,8 @@ def run_experiment(
     seed: int | None = 0,
     experiment_id: int | None = None,
     keep_explicit: bool = False,
+    output_tolerance: float | None = None,
+    min_agreement: float | None = None,
 ) -> dict[str, Any]:
     """Run an experiment on ``baseline_run_id`` in the foreground; returns its result.
 
@@ -96,11 +99,14 @@ def run_experiment(
     (done/total trials, current arm and trial) before and after every trial, and the
     same dict is stored as the experiment's progress. ``experiment_id``: an experiment
     row created beforehand (``background.start_experiment``). ``keep_explicit``: keep
-    the values the script set itself instead of replacing them. Raises ValueError when
+    the values the script set itself instead of replacing them. ``output_tolerance``,
+    ``min_agreement``: the output guard's limits for an inference job (None: defaults,
+    ``output_guard.py``). Raises ValueError when
     there is nothing to try, ExperimentError when the baseline fails, KeyboardInterrupt
     when stopped; the experiment row says so in each case.
     """
     check_size(steps, trials)
+    check_limits(output_tolerance, min_agreement)
     baseline_run = store.run(baseline_run_id)
     if not baseline_run.get("command"):
         raise ValueError(f"run {baseline_run_id} has no recorded command to re-run")
@@ -122,6 +128,10 @@ def run_experiment(
         "command": baseline_run["command"],
         "cwd": baseline_run["cwd"],
         "planned": [f.to_json() for f in planned],
+        # an inference job is guarded by its outputs, not by a loss (output_guard.py)
+        "record_outputs": DEFAULT_RECORDED_CALLS if is_inference(store, baseline_run_id) else None,
+        "output_tolerance": output_tolerance,
+        "min_agreement": min_agreement,
     }
     pid, started = os.getpid(), process_started_at(os.getpid())
     if experiment_id is None:
@@ -201,7 +211,14 @@ class _Runner:
         return self._result(fixes, best)
 
     def _evaluate(self, arm: Arm, against: Arm | None = None) -> dict[str, Any]:
-        return evaluate(self.store, arm, self.baseline, self.config["tolerance"], against)
+        return evaluate(
+            self.store,
+            arm,
+            self.baseline,
+            self.config["tolerance"],
+            against,
+            limits=self.config,  # the output guard's limits, for an inference job
+        )
 
     def _trial(self, arm: Arm, k: int, phase: str) -> None:
         self._report("trial_start", arm, k, phase)
@@ -313,6 +330,9 @@ class _Runner:
             "trials": self.config["trials"],
             "timeout_s": self.timeouts.current([]),  # per trial; + allowance to compile
             "tolerance": self.config["tolerance"],
+            "guard": "outputs" if self.config.get("record_outputs") else "loss",
+            "output_tolerance": self.config.get("output_tolerance"),
+            "min_agreement": self.config.get("min_agreement"),
             "seed": self.config["seed"],
             "arm_order": self.order,
             "baseline": {

@@ -281,19 +281,27 @@ def _cpu_fit(steps: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, float] 
 
 # -- what the job gets -------------------------------------------------------------------
 def plan_document(
-    fixes: list[PlannedFix], seed: int | None = 0, override_explicit: bool = True
+    fixes: list[PlannedFix],
+    seed: int | None = 0,
+    override_explicit: bool = True,
+    record_outputs: int | None = None,
 ) -> dict[str, Any]:
     """The plan file for one arm (shape: ``collectors/contract.py``).
 
     ``override_explicit``: a fix replaces a value the script set itself (the user asked
     to try the fix); False keeps the script's values (``--keep-explicit``). Fixes
     applied through the environment are left out: the bootstrap cannot apply them.
+    ``record_outputs``: keep the model's first N outputs (inference jobs: the output
+    guard compares them; ``collectors/output_record.py``).
     """
-    return {
+    doc: dict[str, Any] = {
         "fixes": {f.id: dict(f.params) for f in fixes if catalog.get(f.id).env is None},
         "override_explicit": override_explicit,
         "seed": seed,
     }
+    if record_outputs:
+        doc["record_outputs"] = int(record_outputs)
+    return doc
 
 
 def plan_env(fixes: list[PlannedFix], base: dict[str, str] | None = None) -> dict[str, str]:

@@ -4,7 +4,8 @@ Decisions, and why:
 
 * **Ratios with intervals.** Each candidate's figure is the ratio of its pooled timed
   step times (and of samples/s) against the baseline's, with a bootstrap 95 % interval
-  (``stats.speedup_ci``), and a quality guard on the losses (``quality``).
+  (``stats.speedup_ci``), and a quality guard on the losses (``quality``), or on the
+  outputs for an inference job (``output_guard``).
 * **Warm-up excluded per trial**, as on the run page (``timed_step_times``), and
   reported separately: worker start-up or compilation is a cost, but a one-off one.
 * **Fixes that need another fix** (persistent workers need workers) are measured
@@ -30,8 +31,9 @@ from stepscope.analyzers.recommend import predict
 from stepscope.analyzers.step_stats import summarize_steps
 from stepscope.optim_runner.bound_check import above_bound_note
 from stepscope.optim_runner.failures import not_applied_error
+from stepscope.optim_runner.latency_compare import latency_ratios
+from stepscope.optim_runner.output_guard import guard_candidate
 from stepscope.optim_runner.plan import PlannedFix
-from stepscope.optim_runner.quality import check_quality, loss_series
 from stepscope.optim_runner.stats import SpeedupCI, sec_per_sample, speedup_ci, timed_step_times
 from stepscope.optim_runner.trials import Arm
 
@@ -87,10 +89,6 @@ def figures(store: Any, runs: list[int]) -> Figures:
     return Figures(pooled, sps, batch, warmups)
 
 
-def _losses(store: Any, runs: list[int]) -> list[np.ndarray]:
-    return [loss_series(store.steps(run_id)) for run_id in runs]
-
-
 def _ci(
     base: np.ndarray | None, cand: np.ndarray | None, statistic: str = "median"
 ) -> SpeedupCI | None:
@@ -122,9 +120,18 @@ def _ci_json(
 
 # -- a candidate against the baseline ----------------------------------------------------
 def evaluate(
-    store: Any, arm: Arm, baseline: Arm, tolerance: float, against: Arm | None = None
+    store: Any,
+    arm: Arm,
+    baseline: Arm,
+    tolerance: float,
+    against: Arm | None = None,
+    limits: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A candidate's figures against ``against`` (default: the baseline)."""
+    """A candidate's figures against ``against`` (default: the baseline).
+
+    The guard is on the outputs for an inference job (``limits``: its
+    ``output_tolerance``/``min_agreement``), on the losses otherwise.
+    """
     ref = against or baseline
     out: dict[str, Any] = {
         "name": arm.name,
@@ -146,6 +153,7 @@ def evaluate(
         "quality": None,
         "warmup": None,
         "not_applied": list(arm.not_applied),
+        "latency": None,  # inference arms: p50/p99 ratios (latency_compare.py)
     }
     if arm.not_applied and arm.error is None:
         out["status"] = NOT_APPLIED
@@ -160,6 +168,7 @@ def evaluate(
     sps_ci = _ci(base.sec_per_sample, cand.sec_per_sample, statistic="mean")
     out["step_time"] = _ci_json(step_ci, cand.median_step, base.median_step)
     out["samples_per_s"] = _ci_json(sps_ci)
+    out["latency"] = latency_ratios(store, ref.runs, base.step_times, cand.step_times)
     # The verdict is on throughput (samples/s) whenever batch sizes are known: it is
     # what the job's wall time follows, what the Amdahl bound bounds, and the only
     # comparable figure when a fix changes the batch size. The median step-time
@@ -177,7 +186,7 @@ def evaluate(
         verdict=headline.verdict,
         speedup_basis=basis,
     )
-    quality = check_quality(_losses(store, baseline.runs), _losses(store, arm.runs), tolerance)
+    quality = guard_candidate(store, baseline.runs, arm.runs, tolerance, limits)
     out["quality_ok"] = quality.ok
     out["quality"] = quality.to_json()
     return out

@@ -21,10 +21,12 @@ from stepscope.analyzers.trace_load import TraceError
 from stepscope.analyzers.trace_report import TraceReport, analyze_trace
 from stepscope.app.cli import term
 from stepscope.app.cli.analyze_hardware import print_phases, print_roofline
+from stepscope.app.cli.analyze_nodes import nodes_json, print_nodes, run_nodes
 from stepscope.app.cli.findings_output import print_findings
 from stepscope.app.cli.term import esc
 from stepscope.app.formats import fmt_pct
 from stepscope.store import RunNotFound, RunStore, StoreError
+from stepscope.store.artifacts import ArtifactError, kind_files
 from stepscope.store.store import default_home
 
 
@@ -51,8 +53,10 @@ def resolve_paths(paths: Sequence[str]) -> tuple[list[Path], list[int]]:
         except (RunNotFound, StoreError):
             raise _InputError(f"{p}: no such file, folder or run") from None
         runs.append(run_id)
-        traces = arts[arts["kind"] == "trace"] if len(arts) else arts
-        out.extend(Path(x) for x in traces["path"])
+        try:  # an uploaded trace is read from the artifact cache (store/artifacts.py)
+            out.extend(kind_files(arts, default_home(), "trace"))
+        except ArtifactError as exc:
+            raise _InputError(str(exc)) from None
     return out, runs
 
 
@@ -71,16 +75,20 @@ def cmd_analyze(
         print(f"stepscope: {', '.join(paths)}: out of memory while loading", file=sys.stderr)
         return 1
     diagnosis: Diagnosis
+    nodes = None
     if len(runs) == 1:
         # One run: every kind of evidence it has (steps, samples, facts), saved with it.
         with RunStore() as store:
             diagnosis = diagnose_run(store, runs[0], report=report, save=save)
+            nodes = run_nodes(store, runs[0], report)
     else:
         diagnosis = diagnose_report(report)
     if as_json:
         data = report.to_json(top=top) if report is not None else {"paths": [], "steps": 0}
         if len(runs) == 1:
             data["run_id"] = runs[0]
+        if nodes is not None:
+            data["ranks_by_node"] = nodes_json(nodes)
         data["diagnosis_level"] = diagnosis.level
         data["findings"] = diagnosis.to_json()
         data["reason"] = diagnosis.reason  # why there is nothing to diagnose, if so
@@ -98,6 +106,8 @@ def cmd_analyze(
             f"run {runs[0]} has no trace: diagnosis from its steps and samples only "
             f"(capture one with `stepscope capture RUN` or `stepscope run --profile-at N`)"
         )
+    if nodes is not None:
+        print_nodes(term.console(), nodes)
     print_findings(diagnosis)
     return 0
 

@@ -14,7 +14,9 @@ import sys
 from collections.abc import Sequence
 
 from stepscope import __version__
-from stepscope.store import RunNotFound, StoreError
+from stepscope.store import RunNotFound, StoreError, default_home, resolve_store_url
+from stepscope.store.artifacts import ARTIFACTS_ENV, ArtifactError, artifact_location
+from stepscope.store.url import ENV_VAR as STORE_ENV
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,6 +28,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--home",
         help="run store directory (default: $STEPSCOPE_HOME or ~/.stepscope)",
+    )
+    parser.add_argument(
+        "--store",
+        metavar="URL",
+        help="the run database: a path, sqlite:///path or postgresql://user@host/db "
+        "(default: $STEPSCOPE_STORE, else stepscope.db in the home)",
+    )
+    parser.add_argument(
+        "--artifacts",
+        metavar="URL",
+        help="where traces, snapshots and logs go: a folder or s3://bucket/prefix "
+        "(default: $STEPSCOPE_ARTIFACTS, else the run folder)",
     )
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
 
@@ -48,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.5,
         metavar="S",
         help="system sampling interval in seconds (default 0.5)",
+    )
+    run.add_argument(
+        "--run-group",
+        metavar="KEY",
+        help="join the run of the other launchers given the same KEY (a multi-node job; "
+        "default: Slurm's job id, or a multi-node torchrun's rendezvous)",
     )
     run.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
 
@@ -120,6 +140,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep values the script set explicitly (num_workers=0 passed by the script "
         "stays 0); by default a fix overrides them and the trial's log says what it replaced",
     )
+    opt.add_argument(
+        "--output-tolerance",
+        type=float,
+        metavar="R",
+        help="inference jobs: largest difference of a regression output from the baseline's, "
+        "relative to its scale (default 0.01)",
+    )
+    opt.add_argument(
+        "--min-agreement",
+        type=float,
+        metavar="A",
+        help="inference jobs: least share of rows whose top-1 class is the baseline's "
+        "(default 0.99)",
+    )
+    opt.add_argument(
+        "--sweep",
+        choices=("batch",),
+        help="instead of fixes: re-run an inference job at several batch sizes and report "
+        "throughput and p99 latency per batch size (no --allow-numerics needed)",
+    )
+    opt.add_argument(
+        "--batch-factors",
+        metavar="F,...",
+        help="with --sweep batch: factors of the job's batch size (default 1,2,4,8)",
+    )
     opt.add_argument("--json", action="store_true", help="print JSON")
 
     demo = sub.add_parser(
@@ -130,6 +175,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--host", default="127.0.0.1", help="dashboard address (default 127.0.0.1)")
     demo.add_argument("--port", type=int, default=8501, help="dashboard port (default 8501)")
+    demo.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="allow --host to be other than the loopback address (as for `dashboard`)",
+    )
     demo.add_argument("--steps", type=int, default=40, help="steps per run (default 40)")
     demo.add_argument("--trials", type=int, default=2, help="trials per arm (default 2)")
     demo.add_argument(
@@ -155,6 +205,23 @@ def build_parser() -> argparse.ArgumentParser:
     dash = sub.add_parser("dashboard", help="open the dashboard in the browser (Streamlit)")
     dash.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     dash.add_argument("--port", type=int, default=8501, help="port (default 8501)")
+    dash.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="allow --host to be other than the loopback address (everyone who can reach "
+        "the port sees the runs)",
+    )
+    dash.add_argument(
+        "--store",
+        dest="dashboard_store",
+        metavar="URL",
+        help="the run store's database, e.g. postgresql://user@host/db (a team's shared store)",
+    )
+    dash.add_argument(
+        "--require-login",
+        action="store_true",
+        help="ask people to sign in first (Streamlit's OIDC: [auth] in .streamlit/secrets.toml)",
+    )
     return parser
 
 
@@ -166,6 +233,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.home:
         os.environ["STEPSCOPE_HOME"] = args.home
+    if args.store is not None:
+        try:  # checked here, where a bad URL can still be said in one line
+            resolve_store_url(default_home(), args.store)
+        except StoreError as exc:
+            print(f"stepscope: --store: {exc}", file=sys.stderr)
+            return 2
+        os.environ[STORE_ENV] = args.store  # the job and the dashboard inherit it
+    if args.artifacts is not None:
+        try:  # checked here, where a bad URL can still be said in one line
+            artifact_location(args.artifacts)
+        except ArtifactError as exc:
+            print(f"stepscope: --artifacts {exc}", file=sys.stderr)
+            return 2
+        os.environ[ARTIFACTS_ENV] = args.artifacts
 
     if args.verb == "run":
         command = list(args.command)
@@ -183,6 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             profile_at=args.profile_at,
             profile_steps=args.profile_steps,
             sample_interval=args.sample_interval,
+            run_group=args.run_group,
         )
 
     # Each import below is local: a verb's module is loaded only when the verb runs,
@@ -228,10 +310,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 allow_numerics=args.allow_numerics,
                 as_json=args.json,
                 keep_explicit=args.keep_explicit,
+                output_tolerance=args.output_tolerance,
+                min_agreement=args.min_agreement,
+                sweep=args.sweep,
+                batch_factors=args.batch_factors,
             )
         if args.verb == "demo":
+            from stepscope.app.cli.dashboard import bind_refusal  # local: see above
             from stepscope.app.cli.demo import cmd_demo  # local: see above
 
+            refused = None if args.no_dashboard else bind_refusal(args.host, args.allow_remote)
+            if refused is not None:  # say so now, not after the whole experiment
+                print(f"stepscope: {refused}", file=sys.stderr)
+                return 2
             return cmd_demo(
                 home=args.home,
                 host=args.host,
@@ -239,6 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 steps=args.steps,
                 trials=args.trials,
                 dashboard=not args.no_dashboard,
+                allow_remote=args.allow_remote,
             )
         if args.verb == "calibrate":
             from stepscope.app.cli.calibrate import cmd_calibrate  # local: see above
@@ -249,7 +341,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.verb == "dashboard":
             from stepscope.app.cli.dashboard import cmd_dashboard  # local: see above
 
-            return cmd_dashboard(host=args.host, port=args.port)
+            return cmd_dashboard(
+                host=args.host,
+                port=args.port,
+                allow_remote=args.allow_remote,
+                store=args.dashboard_store,
+                require_login=args.require_login,
+            )
     except (RunNotFound, StoreError) as exc:
         print(f"stepscope: {exc}", file=sys.stderr)
         return 1

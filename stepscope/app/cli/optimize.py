@@ -19,6 +19,7 @@ from stepscope.app.applied import not_applied_text
 from stepscope.app.cli import term
 from stepscope.app.cli.term import esc, say
 from stepscope.app.formats import fmt_ci, fmt_ratio
+from stepscope.app.ownership import rerun_refusal
 from stepscope.optim_runner.experiment import ExperimentError, run_experiment
 from stepscope.store import RunStore
 
@@ -32,11 +33,24 @@ def cmd_optimize(
     allow_numerics: bool = False,
     as_json: bool = False,
     keep_explicit: bool = False,
+    output_tolerance: float | None = None,
+    min_agreement: float | None = None,
+    sweep: str | None = None,
+    batch_factors: str | None = None,
 ) -> int:
+    if sweep is not None:
+        # local: the sweep's module is for --sweep only
+        from stepscope.app.cli.sweep import cmd_sweep
+
+        return cmd_sweep(run_ref, batch_factors, steps, trials, timeout, as_json)
     err = term.console(stderr=True)
     fix_ids = [f.strip() for f in fixes.split(",") if f.strip()] if fixes else None
     with RunStore() as store:
         run_id = store.resolve_run(run_ref)
+        refused = rerun_refusal(store.run(run_id))
+        if refused is not None:  # a shared store holds other people's commands
+            print(f"stepscope: cannot optimize run {run_id}: {refused}", file=sys.stderr)
+            return 1
         with ProgressView(err, run_id) as view:
             try:
                 result = run_experiment(
@@ -49,6 +63,8 @@ def cmd_optimize(
                     allow_numerics=allow_numerics,
                     progress=view.update,
                     keep_explicit=keep_explicit,
+                    output_tolerance=output_tolerance,
+                    min_agreement=min_agreement,
                 )
             except (ValueError, ExperimentError) as exc:
                 view.stop()
@@ -159,10 +175,14 @@ def render(result: dict[str, Any], console: Any) -> None:
     if explicit:
         console.print(f"[dim]{explicit}[/dim]")
     table = term.table(title="Candidates", title_justify="left")
-    for col in ("candidate", "fixes", "status", "speed-up", "95 % CI", "verdict", "loss"):
+    inference = any(c.get("latency") for c in result["candidates"])  # p50/p99 ratios
+    guarded = "outputs" if result.get("guard") == "outputs" else "loss"  # inference: outputs
+    for col in ("candidate", "fixes", "status", "speed-up", "95 % CI", "verdict", guarded):
+        table.add_column(col)
+    for col in ("p50 latency", "p99 latency") if inference else ():
         table.add_column(col)
     for c in result["candidates"]:
-        table.add_row(*_candidate_cells(c))
+        table.add_row(*_candidate_cells(c), *(_latency_cells(c) if inference else ()))
     console.print(table)
     for c in result["candidates"]:
         if c.get("status") == "not_applied":
@@ -220,6 +240,16 @@ def _candidate_cells(c: dict[str, Any]) -> tuple[str, ...]:
         _verdict(c.get("verdict")),
         _quality(c),
     )
+
+
+def _latency_cells(c: dict[str, Any]) -> tuple[str, str]:
+    """An inference candidate's latency ratios, baseline/candidate: '1.21x (1.10–1.35x)'."""
+    lat = c.get("latency") or {}
+    p50, p99 = (
+        f"{fmt_ratio(r['ratio'])} ({fmt_ci(r['ci'])})" if r else "-"
+        for r in (lat.get("p50"), lat.get("p99"))
+    )
+    return p50, p99
 
 
 def _fix_verdict(f: dict[str, Any]) -> str:

@@ -25,10 +25,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import streamlit as st
+from sqlalchemy.exc import SQLAlchemyError
 
 from stepscope.analyzers.step_stats import summarize_steps
 from stepscope.analyzers.trace_load import TraceError
-from stepscope.store import ExperimentNotFound, RunNotFound, RunStore, StoreError
+from stepscope.store import (
+    ExperimentNotFound,
+    RunNotFound,
+    RunStore,
+    StoreError,
+    resolve_store_url,
+)
 from stepscope.store.store import default_home
 from stepscope.types import Finding
 
@@ -44,6 +51,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
         RunNotFound,
         TraceError,
         sqlite3.Error,
+        SQLAlchemyError,  # the store's database on either backend (a server gone away)
         pd.errors.DatabaseError,
         OSError,
         MemoryError,
@@ -52,9 +60,11 @@ def user_errors() -> tuple[type[BaseException], ...]:
 
 def one_line(exc: BaseException) -> str:
     """The first line of an error, prefixed where the bare message would not say what broke."""
+    if isinstance(exc, SQLAlchemyError):  # its own text carries the SQL: the driver's only
+        exc = getattr(exc, "orig", None) or exc
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if isinstance(exc, (sqlite3.Error, pd.errors.DatabaseError)):
-        return f"run store {store_home()}: {text}"
+    if isinstance(exc, (sqlite3.Error, SQLAlchemyError, pd.errors.DatabaseError)):
+        return f"run store {store_location()}: {text}"
     if isinstance(exc, MemoryError):
         return "out of memory while loading the trace"
     if isinstance(exc, RunNotFound) and text.startswith("no run with id "):
@@ -65,6 +75,15 @@ def one_line(exc: BaseException) -> str:
 def store_home() -> str:
     """The store the dashboard shows: $STEPSCOPE_HOME (set by `stepscope --home`)."""
     return str(default_home())
+
+
+def store_location() -> str:
+    """Where the store's database is, password hidden: $STEPSCOPE_STORE (`stepscope
+    --store`), else the home's stepscope.db."""
+    try:
+        return resolve_store_url(default_home()).display
+    except StoreError:
+        return store_home()
 
 
 @contextmanager
@@ -121,6 +140,8 @@ def runs_table(home: str) -> pd.DataFrame:
                 "started_at": rec["started_at"],
                 "ended_at": rec["ended_at"],
                 "error": rec["error"],
+                "user": rec.get("user"),  # None: a run recorded before schema 5
+                "host": rec["host"],
             }
         )
     return pd.DataFrame(
@@ -138,6 +159,8 @@ def runs_table(home: str) -> pd.DataFrame:
             "started_at",
             "ended_at",
             "error",
+            "user",
+            "host",
         ],
     )
 

@@ -72,7 +72,8 @@ def verdict(result: dict[str, Any]) -> None:
         how = "confirmed in trials of its own" if best.get("confirmed") else "measured"
         st.success(
             f"Keep **{', '.join(best['fixes'])}**: {fmt_ratio(best['speedup'])} the throughput "
-            f"(95 % CI {fmt_ci(best['ci'])}, {how}), with the loss kept.",
+            f"(95 % CI {fmt_ci(best['ci'])}, {how}), with the "
+            f"{'outputs' if result.get('guard') == 'outputs' else 'loss'} kept.",
             icon=":material/check_circle:",
         )
     else:
@@ -141,9 +142,11 @@ def ablation_table(result: dict[str, Any]) -> None:
                 "95 % CI": fmt_ci(c.get("ci")),
                 "verdict": not_applied_text(c) if skipped else c.get("verdict") or "—",
                 "median step ratio": step.get("ratio"),
-                "loss": _quality(c),
+                # an inference job's guard is on its outputs (optim_runner/output_guard.py)
+                ("outputs" if result.get("guard") == "outputs" else "loss"): _quality(c),
                 "why": why,
                 "trial runs": ", ".join(f"#{r}" for r in c.get("runs") or []),
+                **_latency_columns(c.get("latency")),
             }
         )
     st.dataframe(
@@ -157,9 +160,28 @@ def ablation_table(result: dict[str, Any]) -> None:
             "median step ratio": st.column_config.NumberColumn(
                 format="%.2fx", help="median step time, baseline/candidate"
             ),
+            **{
+                f"{q} latency ratio": st.column_config.NumberColumn(
+                    format="%.2fx", help=f"inference: {q} latency, baseline/candidate"
+                )
+                for q in ("p50", "p99")
+            },
             "why": st.column_config.TextColumn(width="large"),
         },
     )
+
+
+def _latency_columns(lat: dict[str, Any] | None) -> dict[str, Any]:
+    """An inference candidate's p50/p99 latency ratios (baseline/candidate) with intervals
+    (``optim_runner/latency_compare.py``); no columns for a training experiment."""
+    if not lat:
+        return {}
+    out: dict[str, Any] = {}
+    for name in ("p50", "p99"):
+        r = lat.get(name) or {}
+        out[f"{name} latency ratio"] = r.get("ratio")
+        out[f"{name} 95 % CI"] = fmt_ci(r.get("ci"))
+    return out
 
 
 def per_fix(result: dict[str, Any]) -> None:

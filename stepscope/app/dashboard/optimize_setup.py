@@ -31,6 +31,8 @@ import streamlit as st
 
 from stepscope.app.dashboard import data, ui
 from stepscope.app.dashboard.findings_view import diagnose_button
+from stepscope.app.dashboard.inference_view import guard_limits
+from stepscope.app.ownership import rerun_refusal
 from stepscope.optim_runner import plan as planning
 from stepscope.optim_runner.background import start_experiment
 from stepscope.optim_runner.experiment import DEFAULT_STEPS, DEFAULT_TRIALS
@@ -236,10 +238,15 @@ def apply_button(
     steps: int,
     busy: dict[str, Any] | None,
     keep_explicit: bool = False,
+    refused: str | None = None,
+    limits: dict[str, float] | None = None,  # the output guard's (inference runs)
 ) -> None:
-    """Start the experiment; on success the URL names it, so the page can be left."""
+    """Start the experiment (unless ``refused``: why ``ownership`` says this dashboard must
+    not re-run the run's command); on success the URL names it, so the page can be left."""
     blocked = None
-    if busy is not None:
+    if refused is not None:
+        blocked = refused
+    elif busy is not None:
         blocked = f"experiment {busy['id']} on this run is still running"
     elif not selected:
         blocked = "check at least one fix"
@@ -265,6 +272,7 @@ def apply_button(
             trials=trials,
             allow_numerics=allow,
             keep_explicit=keep_explicit,
+            **(limits or {}),
         )
     except ValueError as exc:
         st.error(f"Not started: {data.one_line(exc)}", icon=":material/error:")
@@ -323,7 +331,10 @@ def show(home: str, run: dict[str, Any], d: data.RunData, busy: dict[str, Any] |
     chosen = [p for p in plans if p["id"] in selected]
     if chosen:
         st.caption(estimate(run, d.steps, chosen, trials, steps))
-    apply_button(home, run_id, selected, allow, trials, steps, busy, keep_explicit=keep)
+    limits = guard_limits(run, d.steps)
+    apply_button(
+        home, run_id, selected, allow, trials, steps, busy, keep, rerun_refusal(run), limits
+    )
 
 
 def _advice(advice: list[FixAdvice], run_id: int) -> None:
@@ -348,6 +359,8 @@ def _outcome(e: dict[str, Any]) -> str:
     if e["status"] == "failed":
         lines = str(e.get("error") or "").strip().splitlines()
         return "cancelled" if lines == ["interrupted"] else (lines[0] if lines else "failed")
+    if knee := (e.get("result") or {}).get("knee"):  # a batch-size sweep (optim_runner/sweep.py)
+        return f"batch sweep: knee at batch {knee.get('batch_size')}"
     best = (e.get("result") or {}).get("best") or {}
     if best.get("fixes"):
         return f"keep {', '.join(best['fixes'])}: {best['speedup']:.2f}x"

@@ -19,17 +19,22 @@ from stepscope.analyzers.timeline import TIMELINE_MAX_EVENTS, step_timeline
 from stepscope.analyzers.trace_load import Trace, load_trace
 from stepscope.analyzers.trace_report import TraceReport, analyze_trace
 from stepscope.app.dashboard.data import RunData
+from stepscope.store.artifacts import artifact_files
 from stepscope.store.calibration import calibration_path
 
 
 def trace_files(data: RunData) -> tuple[list[str], list[str]]:
-    """The run's trace artifacts: (paths that exist, paths that are gone)."""
+    """The run's trace artifacts: (local files that exist, the ones that are gone or
+    cannot be fetched, with why). An uploaded trace is read from the local cache of the
+    home (downloaded on first use, store/artifacts.py); run_dir is ``<home>/runs/<id>``."""
     arts = data.artifacts
     if arts.empty:
         return [], []
-    paths = [str(p) for p in arts.loc[arts["kind"] == "trace", "path"]]
-    present = [p for p in paths if Path(p).is_file()]
-    return present, [p for p in paths if p not in present]
+    files, problems = artifact_files(
+        arts[arts["kind"] == "trace"].itertuples(), Path(data.run_dir).parents[1]
+    )
+    present = [str(p) for p in files if p.is_file()]
+    return present, [str(p) for p in files if not p.is_file()] + problems
 
 
 def file_stamp(paths: list[str]) -> tuple[tuple[str, int, int], ...]:

@@ -14,6 +14,7 @@ import streamlit as st
 from stepscope.app.dashboard import data, ui
 from stepscope.app.dashboard import experiment_progress as progress
 from stepscope.app.dashboard import experiment_view as ev
+from stepscope.app.dashboard import inference_view as inference
 from stepscope.app.dashboard import optimize_setup as setup
 from stepscope.store import RunNotFound
 
@@ -81,12 +82,15 @@ if row is None:
             ui.set_query(experiment=int(busy["id"]))
             st.rerun()
     setup.show(home, header, d, busy)
+    inference.start_form(home, header, d.steps, busy)  # inference runs only
 else:
     ev.header(row)
     if row["status"] == "running":
         progress.running_view(home, row)
     elif row["status"] == "failed":
         progress.failed_view(row)
+    elif inference.is_sweep(row):
+        inference.result_view(row)
     else:
         ev.result_view(home, row)
     if st.button("Set up another experiment", key="new", icon=":material/add:"):

@@ -1,0 +1,76 @@
+"""The batch-size sweep's curve: throughput and p99 latency against the batch size.
+
+Two y axes over one x axis (the batch size, log 2: the factors double), so that the knee
+shows where the throughput flattens while the tail latency keeps climbing. Intervals are
+error bars; the knee is marked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import plotly.graph_objects as go
+
+from stepscope.app.dashboard.charts.style import SIDE_COLORS, layout
+
+
+def _bars(values: list[float], cis: list[Any], scale: float) -> dict[str, Any]:
+    hi = [(ci[1] * scale - v) if ci else 0.0 for v, ci in zip(values, cis, strict=True)]
+    lo = [(v - ci[0] * scale) if ci else 0.0 for v, ci in zip(values, cis, strict=True)]
+    return {"type": "data", "symmetric": False, "array": hi, "arrayminus": lo}
+
+
+def sweep_curve(
+    rows: Sequence[Mapping[str, Any]], knee: Mapping[str, Any] | None = None
+) -> go.Figure | None:
+    """Samples/s (left) and p99 latency per batch in ms (right) per batch size; None when
+    no batch size was measured."""
+    done = [r for r in rows if r.get("samples_per_s") and r.get("batch_size")]
+    if not done:
+        return None
+    x = [int(r["batch_size"]) for r in done]
+    sps = [float(r["samples_per_s"]) for r in done]
+    p99 = [float(r["p99_s"]) * 1000 for r in done]
+    fig = go.Figure()
+    fig.add_scatter(
+        x=x,
+        y=sps,
+        name="samples/s",
+        mode="lines+markers",
+        line={"color": SIDE_COLORS[0]},
+        error_y=_bars(sps, [r.get("samples_per_s_ci") for r in done], 1.0),
+        hovertemplate="batch %{x}: %{y:.4g} samples/s<extra></extra>",
+    )
+    fig.add_scatter(
+        x=x,
+        y=p99,
+        name="p99 latency per batch (ms)",
+        mode="lines+markers",
+        yaxis="y2",
+        line={"color": SIDE_COLORS[1], "dash": "dot"},
+        error_y=_bars(p99, [r.get("p99_ci") for r in done], 1000.0),
+        hovertemplate="batch %{x}: p99 %{y:.3g} ms<extra></extra>",
+    )
+    if knee and knee.get("batch_size") in x:
+        fig.add_vline(
+            x=knee["batch_size"],
+            line_dash="dash",
+            line_color="#54A24B",
+            annotation_text=f"knee: batch {knee['batch_size']}",
+        )
+    fig.update_xaxes(title="batch size", type="log", tickvals=x)
+    return layout(
+        fig,
+        360,
+        yaxis={"title": "samples/s", "rangemode": "tozero"},
+        yaxis2={
+            "title": "p99 per batch (ms)",
+            "overlaying": "y",
+            "side": "right",
+            "rangemode": "tozero",
+        },
+    )
+
+
+__all__ = ["sweep_curve"]
