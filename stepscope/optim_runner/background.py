@@ -5,7 +5,8 @@ left: ``start_experiment`` creates the experiment row and starts
 ``python -m stepscope.optim_runner.background`` on it in its own session. That process
 runs ``run_experiment``, which writes its progress and result to the row; the
 dashboard reads them from there (``RunStore.experiment``). ``cancel_experiment`` asks
-it to stop with SIGTERM, which ends its running trial as well.
+it to stop with SIGTERM, which ends its running trial as well. A batch-size sweep
+(``start_sweep``) is an experiment of another kind, started and followed the same way.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from stepscope.optim_runner.experiment import (
     run_experiment,
 )
 from stepscope.optim_runner.output_guard import check_limits
+from stepscope.optim_runner.sweep import DEFAULT_FACTORS, SWEEP_KIND, check_sweepable, run_sweep
+from stepscope.optim_runner.sweep_figures import FIX_ID
 from stepscope.store import RunStore
 from stepscope.store.liveness import signalable_pid
 
@@ -73,34 +76,60 @@ def start_experiment(
             "output_tolerance": output_tolerance,  # the output guard's (inference jobs)
             "min_agreement": min_agreement,
         }
-        experiment_id = store.create_experiment(baseline_run_id, config)
-        store.update_experiment(experiment_id, progress={"event": "starting", "done": 0})
-        log_dir = store.home / "experiments"
-        log_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [
-            sys.executable,
-            "-m",
-            MODULE,
-            "--home",
-            str(store.home),
-            "--experiment",
-            str(experiment_id),
-        ]
-        package_root = str(Path(__file__).resolve().parents[2])
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-        with open(log_dir / f"{experiment_id}.log", "ab") as log:
-            child = subprocess.Popen(
-                cmd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # outlives the dashboard's request, not its signals
-            )
-        store.update_experiment(
-            experiment_id, pid=child.pid, pid_started_at=process_started_at(child.pid)
+        return _spawn(store, baseline_run_id, config)
+
+
+def start_sweep(
+    home: str | os.PathLike[str],
+    baseline_run_id: int,
+    *,
+    factors: list[int] | tuple[int, ...] = DEFAULT_FACTORS,
+    steps: int = DEFAULT_STEPS,
+    trials: int = DEFAULT_TRIALS,
+    timeout_s: float | None = None,
+) -> int:
+    """Start a batch-size sweep in a background process; returns its experiment id at
+    once (a run that cannot be swept fails here, as a ValueError in one line)."""
+    check_size(steps, trials)
+    with RunStore(home) as store:
+        check_sweepable(store, baseline_run_id)
+        config = {
+            "kind": SWEEP_KIND,
+            "sweep": "batch",
+            "factors": sorted({int(f) for f in factors} | {1}),
+            "fixes": [FIX_ID],
+            "steps": steps,
+            "trials": trials,
+            "timeout_s": timeout_s,
+        }
+        return _spawn(store, baseline_run_id, config)
+
+
+def _spawn(store: RunStore, baseline_run_id: int, config: dict[str, Any]) -> int:
+    """Create the experiment's row and start ``main`` on it in a session of its own (it
+    outlives the dashboard's request, not its signals); its output goes to
+    ``<home>/experiments/<id>.log``."""
+    experiment_id = store.create_experiment(baseline_run_id, config)
+    store.update_experiment(experiment_id, progress={"event": "starting", "done": 0})
+    log_dir = store.home / "experiments"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", MODULE, "--home", str(store.home)]
+    cmd += ["--experiment", str(experiment_id)]
+    package_root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    with open(log_dir / f"{experiment_id}.log", "ab") as log:
+        child = subprocess.Popen(
+            cmd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
+    store.update_experiment(
+        experiment_id, pid=child.pid, pid_started_at=process_started_at(child.pid)
+    )
     return experiment_id
 
 
@@ -138,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     with RunStore(args.home) as store:
+        run: Any = run_experiment
         if args.experiment is not None:
             row = store.experiment(args.experiment)
             cfg = row["config"]
@@ -153,6 +183,16 @@ def main(argv: list[str] | None = None) -> int:
                 "min_agreement": cfg.get("min_agreement"),
                 "experiment_id": args.experiment,
             }
+            if cfg.get("kind") == SWEEP_KIND:
+                run = run_sweep
+                options = {
+                    "baseline_run_id": int(row["baseline_run_id"]),
+                    "factors": cfg.get("factors") or DEFAULT_FACTORS,
+                    "steps": int(cfg.get("steps") or DEFAULT_STEPS),
+                    "trials": int(cfg.get("trials") or DEFAULT_TRIALS),
+                    "timeout_s": cfg.get("timeout_s"),
+                    "experiment_id": args.experiment,
+                }
         else:
             options = {
                 "baseline_run_id": store.resolve_run(args.baseline),
@@ -164,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
                 "keep_explicit": args.keep_explicit,
             }
         try:
-            result = run_experiment(store, **options)
+            result = run(store, **options)
         except KeyboardInterrupt:
             return 130
         except (ValueError, ExperimentError) as exc:
@@ -180,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["cancel_experiment", "main", "start_experiment"]
+__all__ = ["cancel_experiment", "main", "start_experiment", "start_sweep"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -32,19 +32,21 @@ Decisions taken here, and why:
 
 from __future__ import annotations
 
-import os
-import time
-from collections.abc import Callable
 from typing import Any
-
-import psutil
 
 from stepscope.optim_runner import plan as planning
 from stepscope.optim_runner.contention import contention
-from stepscope.optim_runner.failures import Timeouts, drop_if_failed, trial_error
 from stepscope.optim_runner.output_guard import DEFAULT_RECORDED_CALLS, check_limits, is_inference
 from stepscope.optim_runner.plan import PlannedFix
-from stepscope.optim_runner.trials import Arm, candidate_arms, launch_trial, rotated
+from stepscope.optim_runner.trial_loop import (
+    ExperimentError,
+    ExperimentInterrupted,
+    Progress,
+    TrialLoop,
+    process_started_at,
+    run_recorded,
+)
+from stepscope.optim_runner.trials import Arm, candidate_arms, rotated
 from stepscope.optim_runner.verdict import (
     annotate,
     best_from,
@@ -58,15 +60,17 @@ from stepscope.optim_runner.verdict import (
 DEFAULT_STEPS = 30
 DEFAULT_TRIALS = 3
 
-Progress = Callable[[dict[str, Any]], None]
-
-
-class ExperimentError(RuntimeError):
-    """The experiment cannot go on (nothing to try, the baseline fails)."""
-
-
-class ExperimentInterrupted(KeyboardInterrupt):
-    """A trial was interrupted by the user (Ctrl-C, SIGTERM): the experiment stops."""
+# The loop's names, imported from here by the CLI, the dashboard and the sweep.
+__all__ = [
+    "DEFAULT_STEPS",
+    "DEFAULT_TRIALS",
+    "ExperimentError",
+    "ExperimentInterrupted",
+    "Progress",
+    "check_size",
+    "process_started_at",
+    "run_experiment",
+]
 
 
 def check_size(steps: int, trials: int) -> None:
@@ -133,34 +137,18 @@ def run_experiment(
         "output_tolerance": output_tolerance,
         "min_agreement": min_agreement,
     }
-    pid, started = os.getpid(), process_started_at(os.getpid())
-    if experiment_id is None:
-        experiment_id = store.create_experiment(
-            baseline_run_id, config, pid=pid, pid_started_at=started
-        )
-    else:
-        store.update_experiment(
-            experiment_id, config=config, pid=pid, pid_started_at=started, status="running"
-        )
-    runner = _Runner(store, experiment_id, baseline_run, planned, config, progress)
-    try:
-        result = runner.run()
-    except BaseException as exc:
-        error = "interrupted" if isinstance(exc, KeyboardInterrupt) else _one_line(exc)
-        store.update_experiment(
-            experiment_id,
-            status="failed",
-            error=error,
-            ended_at=time.time(),
-            result=runner.partial_result(),
-        )
-        raise
-    store.update_experiment(experiment_id, status="completed", ended_at=time.time(), result=result)
-    return result
+    return run_recorded(
+        store,
+        baseline_run_id,
+        config,
+        experiment_id,
+        lambda eid: _Runner(store, eid, baseline_run, planned, config, progress),
+    )
 
 
-class _Runner:
-    """The state of one experiment while its trials run."""
+class _Runner(TrialLoop):
+    """One experiment: the baseline, each candidate arm, and a confirmation arm when the
+    fixes worth keeping were never measured together."""
 
     def __init__(
         self,
@@ -171,31 +159,17 @@ class _Runner:
         config: dict[str, Any],
         progress: Progress | None,
     ) -> None:
-        self.store = store
-        self.id = experiment_id
-        self.base = baseline_run
-        self.planned = planned
-        self.config = config
-        self.callback = progress
         self.baseline = Arm("baseline", "baseline", [])
-        self.arms = [self.baseline, *candidate_arms(planned)]
-        self.order: list[list[str]] = []
-        self.done = 0
-        self.total = len(self.arms) * config["trials"]
-        self.timeouts = Timeouts(config["timeout_s"], store, baseline_run, config["steps"])
+        arms = [self.baseline, *candidate_arms(planned)]
+        super().__init__(store, experiment_id, baseline_run, config, progress, arms)
+        self.planned = planned
         self.confirm_baseline = Arm("baseline", "baseline", [])
         self.confirm: Arm | None = None
         self.outcomes: dict[str, dict[str, Any]] = {}
 
     # -- running -------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        trials = self.config["trials"]
-        for k in range(trials):
-            active = [a for a in self.arms if not a.failed]
-            order = rotated(active, k)
-            self.order.append([a.name for a in order])
-            for arm in order:
-                self._trial(arm, k, "trials")
+        self._rounds("trials")
         self.outcomes = {a.name: self._evaluate(a) for a in self.arms[1:]}
         fixes = per_fix(
             self.store,
@@ -219,67 +193,6 @@ class _Runner:
             against,
             limits=self.config,  # the output guard's limits, for an inference job
         )
-
-    def _trial(self, arm: Arm, k: int, phase: str) -> None:
-        self._report("trial_start", arm, k, phase)
-        run_id = launch_trial(
-            self.store,
-            self.id,
-            self.base,
-            arm,
-            k,
-            phase,
-            self.config,
-            self.timeouts.current(arm.fix_ids),
-        )
-        arm.runs.append(run_id)
-        run = self.store.run(run_id)
-        self.done += 1
-        if run["status"] == "interrupted":
-            self._report("trial_end", arm, k, phase, run_id, run["status"])
-            raise ExperimentInterrupted(f"trial run {run_id} was interrupted")
-        if arm.kind == "baseline":
-            error = trial_error(self.store, run)
-            if error is not None:
-                self._report("trial_end", arm, k, phase, run_id, "failed", error)
-                raise ExperimentError(f"the baseline failed (run {run_id}): {error}")
-            self.timeouts.observe(run)
-        else:
-            error = drop_if_failed(self.store, arm, run)
-            if error is not None:
-                # not run again: the remaining trials of this arm drop out of the total
-                self.total -= self.config["trials"] - 1 - k
-        status = "failed" if arm.error else ("not applied" if arm.not_applied else "ok")
-        self._report("trial_end", arm, k, phase, run_id, status, error)
-
-    def _report(
-        self,
-        event: str,
-        arm: Arm,
-        trial: int,
-        phase: str,
-        run_id: int | None = None,
-        status: str | None = None,
-        error: str | None = None,
-    ) -> None:
-        state = {
-            "event": event,
-            "done": self.done,
-            "total": self.total,
-            "arm": arm.name,
-            "fixes": arm.fix_ids,
-            "trial": trial,
-            "trials": self.config["trials"],
-            "phase": phase,
-            "run_id": run_id,
-            "status": status,
-            "error": error,
-            "runs": {a.name: list(a.runs) for a in self._all_arms()},
-            "t": time.time(),
-        }
-        self.store.update_experiment(self.id, progress=state)
-        if self.callback is not None:
-            self.callback(state)
 
     def _all_arms(self) -> list[Arm]:
         extra = [self.confirm] if self.confirm is not None else []
@@ -352,39 +265,3 @@ class _Runner:
                 [self.store.samples(r) for a in self._all_arms() for r in a.runs]
             ),
         }
-
-    def partial_result(self) -> dict[str, Any]:
-        """What is known when the experiment stops early: the runs of each arm."""
-        return {
-            "experiment_id": self.id,
-            "baseline_run": self.base["id"],
-            "arm_order": self.order,
-            "runs": {a.name: list(a.runs) for a in self._all_arms()},
-            "errors": {a.name: a.error for a in self._all_arms() if a.failed},
-        }
-
-
-# -- helpers -----------------------------------------------------------------------------
-def process_started_at(pid: int) -> float | None:
-    """A process's create time, stored beside its pid so that the store can tell the
-    experiment's process from a later one that reuses the pid; None when unknown."""
-    try:
-        return psutil.Process(pid).create_time()
-    except Exception:
-        return None
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-
-
-__all__ = [
-    "DEFAULT_STEPS",
-    "DEFAULT_TRIALS",
-    "ExperimentError",
-    "ExperimentInterrupted",
-    "check_size",
-    "process_started_at",
-    "run_experiment",
-]

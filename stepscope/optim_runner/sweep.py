@@ -27,21 +27,10 @@ Decisions, and why:
 
 from __future__ import annotations
 
-import os
-import time
-from collections.abc import Callable
 from typing import Any
 
 from stepscope.optim_runner.contention import contention
-from stepscope.optim_runner.experiment import (
-    DEFAULT_STEPS,
-    DEFAULT_TRIALS,
-    ExperimentError,
-    ExperimentInterrupted,
-    check_size,
-    process_started_at,
-)
-from stepscope.optim_runner.failures import Timeouts, drop_if_failed, trial_error
+from stepscope.optim_runner.experiment import DEFAULT_STEPS, DEFAULT_TRIALS, check_size
 from stepscope.optim_runner.output_guard import is_inference
 from stepscope.optim_runner.plan import PlannedFix
 from stepscope.optim_runner.sweep_figures import (
@@ -51,14 +40,13 @@ from stepscope.optim_runner.sweep_figures import (
     arm_figures,
     knee,
 )
-from stepscope.optim_runner.trials import Arm, launch_trial, rotated
+from stepscope.optim_runner.trial_loop import Progress, TrialLoop, run_recorded
+from stepscope.optim_runner.trials import Arm
 
 SWEEP_KIND = "sweep"
 SWEEPS = ("batch",)
 DEFAULT_FACTORS = (1, 2, 4, 8)
 MAX_FACTOR = 1024
-
-Progress = Callable[[dict[str, Any]], None]
 
 
 def parse_factors(text: str | None) -> list[int]:
@@ -123,30 +111,13 @@ def run_sweep(
         "command": base["command"],
         "cwd": base["cwd"],
     }
-    pid, started = os.getpid(), process_started_at(os.getpid())
-    if experiment_id is None:
-        experiment_id = store.create_experiment(
-            baseline_run_id, config, pid=pid, pid_started_at=started
-        )
-    else:
-        store.update_experiment(
-            experiment_id, config=config, pid=pid, pid_started_at=started, status="running"
-        )
-    sweep = _Sweep(store, experiment_id, base, config, progress)
-    try:
-        result = sweep.run()
-    except BaseException as exc:
-        error = "interrupted" if isinstance(exc, KeyboardInterrupt) else str(exc).split("\n")[0]
-        store.update_experiment(
-            experiment_id,
-            status="failed",
-            error=error,
-            ended_at=time.time(),
-            result=sweep.partial(),
-        )
-        raise
-    store.update_experiment(experiment_id, status="completed", ended_at=time.time(), result=result)
-    return result
+    return run_recorded(
+        store,
+        baseline_run_id,
+        config,
+        experiment_id,
+        lambda eid: _Sweep(store, eid, base, config, progress),
+    )
 
 
 def _arm(factor: int) -> Arm:
@@ -162,8 +133,11 @@ def _arm(factor: int) -> Arm:
     return Arm(f"x{factor}", "alone", [fix])
 
 
-class _Sweep:
-    """The state of one sweep while its trials run (the arms: one per factor)."""
+class _Sweep(TrialLoop):
+    """One sweep: an arm per factor, the job as it is (x1) first."""
+
+    kind = SWEEP_KIND
+    reference_failed = "the job as it is failed"
 
     def __init__(
         self,
@@ -173,21 +147,12 @@ class _Sweep:
         config: dict[str, Any],
         progress: Progress | None,
     ) -> None:
-        self.store, self.id, self.base, self.config = store, experiment_id, base, config
-        self.callback = progress
         self.factors: list[int] = config["factors"]
-        self.arms = [_arm(f) for f in self.factors]
-        self.order: list[list[str]] = []
-        self.done = 0
-        self.total = len(self.arms) * config["trials"]
-        self.timeouts = Timeouts(config["timeout_s"], store, base, config["steps"])
+        arms = [_arm(f) for f in self.factors]
+        super().__init__(store, experiment_id, base, config, progress, arms)
 
     def run(self) -> dict[str, Any]:
-        for k in range(self.config["trials"]):
-            order = rotated([a for a in self.arms if not a.failed], k)
-            self.order.append([a.name for a in order])
-            for arm in order:
-                self._trial(arm, k)
+        self._rounds("sweep")
         rows = [self._row(f, a) for f, a in zip(self.factors, self.arms, strict=True)]
         return {
             "kind": SWEEP_KIND,
@@ -208,64 +173,8 @@ class _Sweep:
             "contention": contention([self.store.samples(r) for a in self.arms for r in a.runs]),
         }
 
-    def _trial(self, arm: Arm, k: int) -> None:
-        self._report("trial_start", arm, k)
-        run_id = launch_trial(
-            self.store,
-            self.id,
-            self.base,
-            arm,
-            k,
-            "sweep",
-            self.config,
-            self.timeouts.current(arm.fix_ids),
-        )
-        arm.runs.append(run_id)
-        run = self.store.run(run_id)
-        self.done += 1
-        if run["status"] == "interrupted":
-            self._report("trial_end", arm, k, run_id, run["status"])
-            raise ExperimentInterrupted(f"trial run {run_id} was interrupted")
-        if arm.kind == "baseline":
-            error = trial_error(self.store, run)
-            if error is not None:
-                self._report("trial_end", arm, k, run_id, "failed", error)
-                raise ExperimentError(f"the job as it is failed (run {run_id}): {error}")
-            self.timeouts.observe(run)
-        else:
-            error = drop_if_failed(self.store, arm, run)
-            if error is not None:
-                self.total -= self.config["trials"] - 1 - k
-        status = "failed" if arm.error else ("not applied" if arm.not_applied else "ok")
-        self._report("trial_end", arm, k, run_id, status, error)
-
-    def _report(
-        self,
-        event: str,
-        arm: Arm,
-        trial: int,
-        run_id: int | None = None,
-        status: str | None = None,
-        error: str | None = None,
-    ) -> None:
-        state = {
-            "event": event,
-            "done": self.done,
-            "total": self.total,
-            "arm": arm.name,
-            "fixes": [f"{f.id}(factor={f.params['factor']})" for f in arm.fixes],
-            "trial": trial,
-            "trials": self.config["trials"],
-            "phase": "sweep",
-            "run_id": run_id,
-            "status": status,
-            "error": error,
-            "runs": {a.name: list(a.runs) for a in self.arms},
-            "t": time.time(),
-        }
-        self.store.update_experiment(self.id, progress=state)
-        if self.callback is not None:
-            self.callback(state)
+    def _fix_labels(self, arm: Arm) -> list[str]:
+        return [f"{f.id}(factor={f.params['factor']})" for f in arm.fixes]
 
     def _row(self, factor: int, arm: Arm) -> dict[str, Any]:
         row: dict[str, Any] = {
@@ -283,16 +192,6 @@ class _Sweep:
             return row
         row.update(arm_figures(self.store, arm.runs))
         return row
-
-    def partial(self) -> dict[str, Any]:
-        return {
-            "kind": SWEEP_KIND,
-            "experiment_id": self.id,
-            "baseline_run": self.base["id"],
-            "arm_order": self.order,
-            "runs": {a.name: list(a.runs) for a in self.arms},
-            "errors": {a.name: a.error for a in self.arms if a.failed},
-        }
 
 
 __all__ = [

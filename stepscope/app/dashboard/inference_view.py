@@ -3,7 +3,7 @@ that starts a batch-size sweep, and a finished sweep's table and curve.
 
 Every figure shown is the stored result's (``stepscope optimize --sweep batch --json``),
 so the page and the CLI never disagree. The sweep runs in a process of its own
-(``optim_runner.sweep_background``) and is followed like an experiment, through the store.
+(``optim_runner.background``) and is followed like an experiment, through the store.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from stepscope.app.dashboard import data, ui
 from stepscope.app.dashboard.charts.sweep import sweep_curve
 from stepscope.app.formats import fmt_s
 from stepscope.app.ownership import refusal
+from stepscope.optim_runner.background import start_sweep
 from stepscope.optim_runner.experiment import DEFAULT_TRIALS
 from stepscope.optim_runner.output_guard import DEFAULT_MIN_AGREEMENT, DEFAULT_OUTPUT_TOLERANCE
 from stepscope.optim_runner.sweep import DEFAULT_FACTORS, SWEEP_KIND, parse_factors
-from stepscope.optim_runner.sweep_background import start_sweep
 
 SWEEP_STEPS = 20  # a sweep's default steps per trial: per batch size, the tail needs steps
 

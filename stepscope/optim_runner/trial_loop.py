@@ -1,0 +1,207 @@
+"""The loop every kind of experiment shares: interleaved trials of its arms, in the store.
+
+An experiment (fixes against a baseline, ``experiment.py``) and a batch-size sweep
+(``sweep.py``) differ in their arms and in what they make of the trials. How a trial is
+launched, how a failing one is recorded, how progress reaches the store (where the
+dashboard follows it), and how the experiment's row ends are the same, and live here:
+
+* **Rounds.** Each round runs every arm still standing once, in an order rotated by the
+  round (A B C, B C A, ...), so machine drift and warm caches hit every arm alike.
+* **The first arm is the reference.** When it fails, nothing is left to compare with
+  and the experiment ends; any other arm that fails is dropped (``failures.py``) and its
+  remaining trials leave the total, so the progress bar stays honest.
+* **The row tells the truth.** ``run_recorded`` marks the experiment completed with its
+  result, or failed with one line and what is known so far, whatever ends it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+
+from stepscope.optim_runner.failures import Timeouts, drop_if_failed, trial_error
+from stepscope.optim_runner.trials import Arm, launch_trial, rotated
+
+Progress = Callable[[dict[str, Any]], None]
+
+
+class ExperimentError(RuntimeError):
+    """The experiment cannot go on (nothing to try, the baseline fails)."""
+
+
+class ExperimentInterrupted(KeyboardInterrupt):
+    """A trial was interrupted by the user (Ctrl-C, SIGTERM): the experiment stops."""
+
+
+class TrialLoop(ABC):
+    """The state of one experiment while its trials run; subclasses choose the arms
+    (the first is the reference) and make the result (``run``)."""
+
+    kind: str | None = None  # the experiment's kind in its result (None: fixes)
+    reference_failed = "the baseline failed"
+
+    def __init__(
+        self,
+        store: Any,
+        experiment_id: int,
+        base: dict[str, Any],
+        config: dict[str, Any],
+        progress: Progress | None,
+        arms: list[Arm],
+    ) -> None:
+        self.store = store
+        self.id = experiment_id
+        self.base = base
+        self.config = config
+        self.callback = progress
+        self.arms = arms
+        self.order: list[list[str]] = []
+        self.done = 0
+        self.total = len(arms) * config["trials"]
+        self.timeouts = Timeouts(config["timeout_s"], store, base, config["steps"])
+
+    @abstractmethod
+    def run(self) -> dict[str, Any]:
+        """Run the trials and make the result (each kind of experiment its own)."""
+
+    def _all_arms(self) -> list[Arm]:
+        return list(self.arms)
+
+    def _fix_labels(self, arm: Arm) -> list[str]:
+        """How the progress names an arm's fixes."""
+        return arm.fix_ids
+
+    def _rounds(self, phase: str) -> None:
+        for k in range(self.config["trials"]):
+            order = rotated([a for a in self.arms if not a.failed], k)
+            self.order.append([a.name for a in order])
+            for arm in order:
+                self._trial(arm, k, phase)
+
+    def _trial(self, arm: Arm, k: int, phase: str) -> None:
+        self._report("trial_start", arm, k, phase)
+        run_id = launch_trial(
+            self.store,
+            self.id,
+            self.base,
+            arm,
+            k,
+            phase,
+            self.config,
+            self.timeouts.current(arm.fix_ids),
+        )
+        arm.runs.append(run_id)
+        run = self.store.run(run_id)
+        self.done += 1
+        if run["status"] == "interrupted":
+            self._report("trial_end", arm, k, phase, run_id, run["status"])
+            raise ExperimentInterrupted(f"trial run {run_id} was interrupted")
+        if arm.kind == "baseline":
+            error = trial_error(self.store, run)
+            if error is not None:
+                self._report("trial_end", arm, k, phase, run_id, "failed", error)
+                raise ExperimentError(f"{self.reference_failed} (run {run_id}): {error}")
+            self.timeouts.observe(run)
+        else:
+            error = drop_if_failed(self.store, arm, run)
+            if error is not None:
+                # not run again: the remaining trials of this arm drop out of the total
+                self.total -= self.config["trials"] - 1 - k
+        status = "failed" if arm.error else ("not applied" if arm.not_applied else "ok")
+        self._report("trial_end", arm, k, phase, run_id, status, error)
+
+    def _report(
+        self,
+        event: str,
+        arm: Arm,
+        trial: int,
+        phase: str,
+        run_id: int | None = None,
+        status: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        state = {
+            "event": event,
+            "done": self.done,
+            "total": self.total,
+            "arm": arm.name,
+            "fixes": self._fix_labels(arm),
+            "trial": trial,
+            "trials": self.config["trials"],
+            "phase": phase,
+            "run_id": run_id,
+            "status": status,
+            "error": error,
+            "runs": {a.name: list(a.runs) for a in self._all_arms()},
+            "t": time.time(),
+        }
+        self.store.update_experiment(self.id, progress=state)
+        if self.callback is not None:
+            self.callback(state)
+
+    def partial_result(self) -> dict[str, Any]:
+        """What is known when the experiment stops early: the runs of each arm."""
+        out: dict[str, Any] = {"kind": self.kind} if self.kind else {}
+        out.update(
+            experiment_id=self.id,
+            baseline_run=self.base["id"],
+            arm_order=self.order,
+            runs={a.name: list(a.runs) for a in self._all_arms()},
+            errors={a.name: a.error for a in self._all_arms() if a.failed},
+        )
+        return out
+
+
+def run_recorded(
+    store: Any,
+    baseline_run_id: int,
+    config: dict[str, Any],
+    experiment_id: int | None,
+    make: Callable[[int], TrialLoop],
+) -> dict[str, Any]:
+    """Run ``make(experiment id)`` in this process as the experiment's row says: created
+    here (or the row made beforehand by ``background``, taken over with this pid), then
+    completed with the result, or failed with one line and the partial result."""
+    pid, started = os.getpid(), process_started_at(os.getpid())
+    if experiment_id is None:
+        experiment_id = store.create_experiment(
+            baseline_run_id, config, pid=pid, pid_started_at=started
+        )
+    else:
+        store.update_experiment(
+            experiment_id, config=config, pid=pid, pid_started_at=started, status="running"
+        )
+    loop = make(experiment_id)
+    try:
+        result = loop.run()
+    except BaseException as exc:
+        error = "interrupted" if isinstance(exc, KeyboardInterrupt) else one_line(exc)
+        store.update_experiment(
+            experiment_id,
+            status="failed",
+            error=error,
+            ended_at=time.time(),
+            result=loop.partial_result(),
+        )
+        raise
+    store.update_experiment(experiment_id, status="completed", ended_at=time.time(), result=result)
+    return result
+
+
+def process_started_at(pid: int) -> float | None:
+    """A process's create time, stored beside its pid so that the store can tell the
+    experiment's process from a later one that reuses the pid; None when unknown."""
+    try:
+        return psutil.Process(pid).create_time()
+    except Exception:
+        return None
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
