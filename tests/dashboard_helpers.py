@@ -10,11 +10,14 @@ import sys
 import time
 from pathlib import Path
 
+from streamlit.testing.v1 import AppTest
+
 from stepscope.store import RunStore
 
 REPO = Path(__file__).resolve().parents[1]
 ENTRY = REPO / "stepscope" / "app" / "dashboard" / "main.py"
 JOB_TIMEOUT_S = 240
+PAGE_TIMEOUT_S = 120
 
 
 def cli_env(home: Path) -> dict[str, str]:
@@ -348,3 +351,27 @@ def stored_experiment(home: Path, *, new_fields: bool = True) -> dict[str, int]:
         result = experiment_result(experiment, base, trial, new_fields=new_fields)
         store.update_experiment(experiment, status="completed", ended_at=time.time(), result=result)
     return {"baseline": base, "trial": trial, "experiment": experiment}
+
+
+def open_page(page: str, **params: str) -> AppTest:
+    """The dashboard's entry script, on ``page`` with ``params`` as the URL's query."""
+    at = AppTest.from_file(str(ENTRY), default_timeout=PAGE_TIMEOUT_S)
+    at.run()
+    if page != "runs":
+        at.query_params.update(params)
+        at.switch_page(f"views/{page}.py").run()
+    return at
+
+
+def no_errors(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+def texts(at: AppTest) -> str:
+    """Every text the page shows: markdown, captions, info, errors and warnings."""
+    parts = [m.value for m in at.markdown] + [c.value for c in at.caption]
+    parts += (
+        [i.value for i in at.info] + [e.value for e in at.error] + [w.value for w in at.warning]
+    )
+    return "\n".join(parts)

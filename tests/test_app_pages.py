@@ -42,12 +42,15 @@ from dashboard_helpers import (
     end_process,
     experiment_result,
     job_pid,
+    no_errors,
+    open_page,
     record,
     start_live_job,
     start_plain_job,
     stepscope,
     stop_job,
     stored_experiment,
+    texts,
     wait_gone,
     wait_running,
 )
@@ -71,8 +74,6 @@ from stepscope.store import RunStore
 from stepscope.store.calibration import save_calibration
 
 pytestmark = pytest.mark.slow
-
-TIMEOUT_S = 120
 
 
 @pytest.fixture(scope="module")
@@ -108,21 +109,6 @@ def home(recorded: dict, monkeypatch: pytest.MonkeyPatch, _isolated_store: Path)
     return recorded["home"]
 
 
-def open_page(page: str, **params: str) -> AppTest:
-    """The dashboard's entry script, on ``page`` with ``params`` as the URL's query."""
-    at = AppTest.from_file(str(ENTRY), default_timeout=TIMEOUT_S)
-    at.run()
-    if page != "runs":
-        at.query_params.update(params)
-        at.switch_page(f"views/{page}.py").run()
-    return at
-
-
-def no_errors(at: AppTest) -> None:
-    assert not at.exception, [e.value for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
-
-
 def table_with(at: AppTest, column: str) -> pd.DataFrame:
     """The first table on the page that has ``column``."""
     return next(df.value for df in at.dataframe if column in df.value.columns)
@@ -130,14 +116,6 @@ def table_with(at: AppTest, column: str) -> pd.DataFrame:
 
 def metrics(at: AppTest) -> dict[str, str]:
     return {m.label: m.value for m in at.metric}
-
-
-def texts(at: AppTest) -> str:
-    parts = [m.value for m in at.markdown] + [c.value for c in at.caption]
-    parts += (
-        [i.value for i in at.info] + [e.value for e in at.error] + [w.value for w in at.warning]
-    )
-    return "\n".join(parts)
 
 
 def chart_specs(at: AppTest) -> list[dict]:

@@ -40,10 +40,18 @@ def _launch(home: Path, *args: str) -> subprocess.Popen[str]:
 
 
 def _wait_all(procs: list[subprocess.Popen[str]]) -> list[tuple[int, str]]:
+    """Each launcher's exit code and stderr; on a hang, all are killed and their output
+    is the failure's message (a rendezvous that never completes says why there)."""
     out = []
-    for p in procs:
-        _, err = p.communicate(timeout=TIMEOUT_S)
-        out.append((p.returncode, err))
+    try:
+        for p in procs:
+            _, err = p.communicate(timeout=TIMEOUT_S)
+            out.append((p.returncode, err))
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        errs = [p.communicate()[1] for p in procs]
+        pytest.fail(f"launchers still running after {TIMEOUT_S} s:\n" + "\n---\n".join(errs))
     return out
 
 
@@ -168,6 +176,11 @@ def test_two_torchrun_nodes_record_one_run(
             f"127.0.0.1:{port}",
             "--rdzv-id",
             "job1",
+            # Both nodes run on this host, so both match the endpoint's host name and
+            # would race to serve the rendezvous store: say which one does (on real
+            # nodes the names differ), and give up in bounded time rather than hang.
+            "--rdzv-conf",
+            f"is_host={int(rank == 0)},join_timeout=120",
             "examples/corpus/ddp_few_steps.py",
             "--steps",
             "3",

@@ -178,6 +178,39 @@ def test_launchers_racing_end_in_one_run(tmp_path: Path, store_backend: str) -> 
         assert len(store.runs()) == groups
 
 
+_HOLDER = """
+import sqlite3, sys, time
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("CREATE TABLE IF NOT EXISTS other(x)")  # the file exists, not yet in WAL mode
+db.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+time.sleep(1.0)
+db.execute("COMMIT")
+"""
+
+
+def test_a_new_sqlite_store_locked_by_another_process_is_waited_for(tmp_path: Path) -> None:
+    """Another process holds a write lock on a store file that is not in WAL mode yet
+    (two launchers opening a new store together: the first is creating it). SQLite
+    answers the switch to WAL with "database is locked" at once, without the busy
+    handler; the store waits for the lock as it waits for any other, then opens."""
+    home = tmp_path / "h"
+    home.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(home / "stepscope.db")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        with RunStore(home) as store:  # before the fix: StoreError "database is locked"
+            store.create_run(["python", "t.py"])
+            assert len(store.runs()) == 1
+    finally:
+        holder.wait(timeout=30)
+    assert holder.returncode == 0
+
+
 def _dead_pid() -> tuple[int, float]:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     started = psutil.Process(proc.pid).create_time()

@@ -20,7 +20,16 @@ import time
 from pathlib import Path
 
 import pytest
-from dashboard_helpers import ENTRY, REPO, cli_env, record, stepscope
+from dashboard_helpers import (
+    ENTRY,
+    REPO,
+    cli_env,
+    no_errors,
+    open_page,
+    record,
+    stepscope,
+    texts,
+)
 from streamlit.testing.v1 import AppTest
 
 from stepscope.app.cli.dashboard import bind_refusal
@@ -64,25 +73,6 @@ def team(tmp_path_factory: pytest.TempPathFactory) -> dict:
 def home(team: dict, monkeypatch: pytest.MonkeyPatch, _isolated_store: Path) -> Path:
     monkeypatch.setenv("STEPSCOPE_HOME", str(team["home"]))
     return team["home"]
-
-
-def open_page(page: str, **params: str) -> AppTest:
-    at = AppTest.from_file(str(ENTRY), default_timeout=TIMEOUT_S)
-    at.run()
-    if page != "runs":
-        at.query_params.update(params)
-        at.switch_page(f"views/{page}.py").run()
-    return at
-
-
-def texts(at: AppTest) -> str:
-    parts = [m.value for m in at.markdown] + [c.value for c in at.caption]
-    return "\n".join(parts + [i.value for i in at.info] + [e.value for e in at.error])
-
-
-def no_errors(at: AppTest) -> None:
-    assert not at.exception, [e.value for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
 
 
 # -- the rule --------------------------------------------------------------------------

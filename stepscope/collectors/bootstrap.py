@@ -98,6 +98,12 @@ class _Bootstrap:
     def on_torch_imported(self) -> None:
         if os.getpid() != self.pid:
             return
+        if not _is_launcher_agent():
+            # local: a process that imports torch steps and writes; the store's imports
+            # start now, beside the job's own set-up, not beside its first steps
+            from stepscope.store.db import preload
+
+            preload()
         if self.plan_path and not _is_launcher_agent():
             # before the step timer: the plan may seed the RNGs the job then uses
             # local: runs inside the user's job, only when the plan asks for it

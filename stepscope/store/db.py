@@ -10,7 +10,11 @@ can serve several threads (the pool hands each its own connection).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -23,12 +27,38 @@ if TYPE_CHECKING:
 
 # SQLAlchemy is imported when a store is first opened, not with the package: the
 # writer's module is imported on the job's main thread at start-up, and the writer
-# opens its store from its own thread (about 0.2 s of imports off the job's path).
+# opens its store from its own thread. Those imports (about 0.2 s of Python, holding
+# the GIL) must not land in the job's first steps: ``preload`` starts them early.
 
 BUSY_TIMEOUT_MS = 10_000
 CONNECT_TIMEOUT_S = 10
 
 Params = Mapping[str, Any] | Sequence[Mapping[str, Any]] | None
+
+
+def preload() -> threading.Thread:
+    """Import SQLAlchemy and the store's dialect on a daemon thread, now.
+
+    Called by the bootstrap when the job imports torch: the job then still has its own
+    imports and set-up ahead (torch itself, the model, the data), which these overlap.
+    Left to the writer's first open, they would run beside the job's first steps and
+    stretch them by their whole cost: on a job of 3 ms steps, a third step of 250 ms,
+    past the warm-up, read by the diagnosis as the job's own time. Any failure is left
+    to the store's open to report.
+    """
+
+    def load() -> None:
+        with contextlib.suppress(Exception):
+            import sqlalchemy  # noqa: F401
+
+            if (os.environ.get("STEPSCOPE_STORE") or "").startswith("postgres"):
+                import sqlalchemy.dialects.postgresql.psycopg  # noqa: F401
+            else:
+                import sqlalchemy.dialects.sqlite.pysqlite  # noqa: F401
+
+    thread = threading.Thread(target=load, name="stepscope-preload", daemon=True)
+    thread.start()
+    return thread
 
 
 class Db:
@@ -190,8 +220,29 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur = dbapi_conn.cursor()
     try:
         cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-        cur.execute("PRAGMA journal_mode=WAL")
+        _wal(cur)
         cur.execute("PRAGMA synchronous=NORMAL")
         cur.execute("PRAGMA foreign_keys=ON")
     finally:
         cur.close()
+
+
+def _wal(cur: Any) -> None:
+    """Switch to WAL, waiting as the busy timeout would.
+
+    A new store's file changes its journal mode once, under an exclusive lock, and
+    SQLite answers "database is locked" at once instead of calling the busy handler
+    when another process holds a lock meanwhile: two launchers opening a new store
+    together (a multi-node job's, two jobs started at once) would fail one of them.
+    """
+    import sqlite3  # local: the sqlite driver is loaded already, this is its exception
+
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
