@@ -129,6 +129,17 @@ def test_launchers_of_one_group_share_a_run_ended_by_the_last(
         "command is one node's, and a re-run of it alone would wait for the others; "
         "optimize a single-node run of the job"
     )
+    # nor swept: a sweep re-runs the same command
+    proc = subprocess.run(
+        [sys.executable, "-m", "stepscope.app.cli", "optimize", str(run_id), "--sweep", "batch"],
+        cwd=REPO,
+        env=cli_env(home),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(f"stepscope: cannot sweep run {run_id}: a multi-node run")
 
 
 def test_two_ordinary_runs_stay_two_runs(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -43,42 +44,59 @@ def cmd_optimize(
         from stepscope.app.cli.sweep import cmd_sweep
 
         return cmd_sweep(run_ref, batch_factors, steps, trials, timeout, as_json)
-    err = term.console(stderr=True)
     fix_ids = [f.strip() for f in fixes.split(",") if f.strip()] if fixes else None
-    with RunStore() as store:
-        run_id = store.resolve_run(run_ref)
-        refused = rerun_refusal(store.run(run_id))
-        if refused is not None:  # a shared store holds other people's commands
-            print(f"stepscope: cannot optimize run {run_id}: {refused}", file=sys.stderr)
-            return 1
-        with ProgressView(err, run_id) as view:
-            try:
-                result = run_experiment(
-                    store,
-                    run_id,
-                    fixes=fix_ids,
-                    steps=steps,
-                    trials=trials,
-                    timeout_s=timeout,
-                    allow_numerics=allow_numerics,
-                    progress=view.update,
-                    keep_explicit=keep_explicit,
-                    output_tolerance=output_tolerance,
-                    min_agreement=min_agreement,
-                )
-            except (ValueError, ExperimentError) as exc:
-                view.stop()
-                print(f"stepscope: {exc}", file=sys.stderr)
-                return 1
-            except KeyboardInterrupt:
-                view.stop()
-                print("stepscope: experiment interrupted", file=sys.stderr)
-                return 130
+    result, code = followed(
+        run_ref,
+        "optimize",
+        "experiment",
+        lambda store, run_id, progress: run_experiment(
+            store,
+            run_id,
+            fixes=fix_ids,
+            steps=steps,
+            trials=trials,
+            timeout_s=timeout,
+            allow_numerics=allow_numerics,
+            progress=progress,
+            keep_explicit=keep_explicit,
+            output_tolerance=output_tolerance,
+            min_agreement=min_agreement,
+        ),
+    )
+    if result is None:
+        return code
     if as_json:
         print(json.dumps(result, indent=1))
     else:
         render(result, term.console())
     return 0
+
+
+Start = Callable[[RunStore, int, Callable[[dict[str, Any]], None]], dict[str, Any]]
+
+
+def followed(run_ref: str, verb: str, what: str, start: Start) -> tuple[dict[str, Any] | None, int]:
+    """Re-run a run's command as an experiment of any kind (``start``: fixes, a sweep),
+    with its progress on stderr: (result, 0), or (None, exit code) after one line that
+    says why not (another user's or host's run, a multi-node run, a failing baseline,
+    Ctrl-C)."""
+    with RunStore() as store:
+        run_id = store.resolve_run(run_ref)
+        refused = rerun_refusal(store.run(run_id))
+        if refused is not None:  # a shared store holds other people's commands
+            print(f"stepscope: cannot {verb} run {run_id}: {refused}", file=sys.stderr)
+            return None, 1
+        with ProgressView(term.console(stderr=True), run_id) as view:
+            try:
+                return start(store, run_id, view.update), 0
+            except (ValueError, ExperimentError) as exc:
+                view.stop()
+                print(f"stepscope: {exc}", file=sys.stderr)
+                return None, 1
+            except KeyboardInterrupt:
+                view.stop()
+                print(f"stepscope: {what} interrupted", file=sys.stderr)
+                return None, 130
 
 
 class ProgressView:

@@ -1,7 +1,7 @@
 """`stepscope optimize RUN --sweep batch`: throughput and p99 latency per batch size.
 
 A thin shell over ``optim_runner.sweep.run_sweep``, with the experiment's progress lines
-on stderr (``optimize.ProgressView``) and, on stdout, a table per batch size, the knee,
+on stderr (``optimize.followed``) and, on stdout, a table per batch size, the knee,
 and a bar of throughput per row so the curve shows in a terminal too.
 """
 
@@ -12,13 +12,10 @@ import sys
 from typing import Any
 
 from stepscope.app.cli import term
-from stepscope.app.cli.optimize import ProgressView
+from stepscope.app.cli.optimize import followed
 from stepscope.app.cli.term import esc
 from stepscope.app.formats import fmt_s
-from stepscope.app.ownership import refusal
-from stepscope.optim_runner.experiment import ExperimentError
 from stepscope.optim_runner.sweep import parse_factors, run_sweep
-from stepscope.store import RunStore
 
 BAR_WIDTH = 24
 
@@ -36,26 +33,16 @@ def cmd_sweep(
     except ValueError as exc:
         print(f"stepscope: {exc}", file=sys.stderr)
         return 2
-    err = term.console(stderr=True)
-    with RunStore() as store:
-        run_id = store.resolve_run(run_ref)
-        refused = refusal(store.run(run_id))
-        if refused is not None:  # a shared store holds other people's commands
-            print(f"stepscope: cannot sweep run {run_id}: {refused}", file=sys.stderr)
-            return 1
-        with ProgressView(err, run_id) as view:
-            try:
-                result = run_sweep(
-                    store, run_id, chosen, steps, trials, timeout, progress=view.update
-                )
-            except (ValueError, ExperimentError) as exc:
-                view.stop()
-                print(f"stepscope: {exc}", file=sys.stderr)
-                return 1
-            except KeyboardInterrupt:
-                view.stop()
-                print("stepscope: sweep interrupted", file=sys.stderr)
-                return 130
+    result, code = followed(
+        run_ref,
+        "sweep",
+        "sweep",
+        lambda store, run_id, progress: run_sweep(
+            store, run_id, chosen, steps, trials, timeout, progress=progress
+        ),
+    )
+    if result is None:
+        return code
     if as_json:
         print(json.dumps(result, indent=1))
     else:
