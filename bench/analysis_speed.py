@@ -45,7 +45,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-TRACES = REPO.parent / "shared" / "traces"
+TRACES = REPO / "tests" / "data"
 BENCH_DIR = Path(tempfile.gettempdir()) / "stepscope_bench"
 
 RESULTS = REPO / "bench" / "results" / "analysis_speed.json"
@@ -421,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     missing = [p for p in traces if not p.exists()]
     if missing:
-        print(f"shared traces missing: {[str(p) for p in missing]}", file=sys.stderr)
+        print(f"test traces missing: {[str(p) for p in missing]}", file=sys.stderr)
         return 2
     if args.synthetic_events > 0:
         traces.append(_synthetic(args.synthetic_events, ".json.gz"))

@@ -1,4 +1,4 @@
-"""Pin Holistic Trace Analysis 0.5.0's numbers on the shared traces.
+"""Pin Holistic Trace Analysis 0.5.0's numbers on the real traces in tests/data.
 
 The tests compare stepscope's idle-time, temporal and overlap analyses against the
 JSON this writes (tests/reference/hta_reference.json), so they do not need HTA at
@@ -31,7 +31,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_TRACES = REPO.parent / "shared" / "traces"
+DEFAULT_TRACES = REPO / "tests" / "data"
 DEFAULT_OUT = REPO / "tests" / "reference" / "hta_reference.json"
 
 #: job name -> trace files of that job (one per rank)

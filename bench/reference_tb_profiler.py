@@ -21,7 +21,7 @@ from pathlib import Path
 from stepscope.analyzers.breakdown import CATEGORIES
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = ROOT.parent / "shared" / "traces"
+TRACES = ROOT / "tests" / "data"
 OUT = ROOT / "tests" / "reference" / "tb_profiler_breakdown.json"
 # The resnet50 pair is what tb-profiler can read fully (old category names); on the
 # A100 trace only its kernel-name Tensor Core ratio is meaningful (it ignores the

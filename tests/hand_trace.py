@@ -1,4 +1,4 @@
-"""Hand-built ``Trace`` objects with known answers, and the shared traces folder.
+"""Hand-built ``Trace`` objects with known answers.
 
 The HTA-parity tests need inputs where every rule (host wait vs kernel wait, the
 30 us threshold, the dropped last step, unions across streams) can be placed on
@@ -8,11 +8,8 @@ writing JSON and shows exactly which fields the analyses read.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
-from traces import trace_path
 
 from stepscope.analyzers.trace_columns import CATEGORIES, DEVICE_CATEGORIES
 from stepscope.analyzers.trace_load import Trace
@@ -21,11 +18,6 @@ US = 1000  # ns
 
 DEVICE = set(DEVICE_CATEGORIES)
 CATS = CATEGORIES
-
-
-def shared_trace(name: str) -> Path:
-    """A file of ../shared/traces, or skip the test saying what is missing."""
-    return trace_path(name)
 
 
 def ev(cat, name, ts_us, dur_us, rank=0, stream=-1, corr=-1, tid=1):

@@ -1,6 +1,6 @@
 """The notebook API as a notebook uses it: ``import stepscope; r = stepscope.analyze(trace)``.
 
-On a real trace from ../shared/traces and on real runs of tests/jobs/train.py (one with
+On a real trace from tests/data and on real runs of tests/jobs/train.py (one with
 a profiler capture), each part a DataFrame with exactly its documented columns.
 """
 

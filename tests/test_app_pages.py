@@ -54,6 +54,7 @@ from dashboard_helpers import (
     wait_gone,
     wait_running,
 )
+from recordings import failing_run, ib_profiled, ib_short
 from streamlit.testing.v1 import AppTest
 from traces import A100, trace_path
 
@@ -79,26 +80,13 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Real runs: ib (profiled steps 3-4), dense (no trace), fail (its code raises)."""
-    home = tmp_path_factory.mktemp("dash") / "home"
-    ids = {
-        "ib": record(
-            home,
-            "ib",
-            "input_bound.py",
-            "--steps",
-            "14",
-            opts=("--max-steps", "12", "--profile-at", "3", "--profile-steps", "2"),
-        ),
-        "dense": record(
-            home, "dense", "dense_compute.py", "--steps", "8", opts=("--max-steps", "6")
-        ),
-    }
-    failed = stepscope(
-        home, "run", "--name", "fail", "--", sys.executable, "tests/jobs/fail.py", check=False
-    )
-    assert failed.returncode == 1, failed.stderr  # the job's own exit code passes through
+    home = ib_profiled(tmp_path_factory, "dash")
     with RunStore(home) as store:
-        ids["fail"] = store.resolve_run("fail")
+        ids = {"ib": store.resolve_run("input-bound")}
+    ids["dense"] = record(
+        home, "dense", "dense_compute.py", "--steps", "8", opts=("--max-steps", "6")
+    )
+    ids["fail"] = failing_run(home)
     return {"home": home, "ids": ids}
 
 
@@ -203,7 +191,7 @@ def test_run_page_headline_and_trace_views(home: Path, recorded: dict) -> None:
     at = open_page("run", run=str(run_id))
     no_errors(at)
     s = summary_of(home, run_id)
-    assert at.title[0].value == f"Run {run_id} · ib"
+    assert at.title[0].value == f"Run {run_id} · input-bound"
     m = metrics(at)
     assert m["step time p50"] == fmt_s(s["step_time_median_s"])
     assert m["step time p95"] == fmt_s(s["step_time_p95_s"])
@@ -580,16 +568,10 @@ EXPERIMENT_TIMEOUT_S = 300
 @pytest.fixture(scope="module")
 def optimizable(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """A short input-bound run (not diagnosed yet) and a job that fails after 3 steps."""
-    home = tmp_path_factory.mktemp("optimize") / "home"
-    ids = {
-        "ib": record(home, "ib", "input_bound.py", "--steps", "14", opts=("--max-steps", "12")),
-    }
-    failed = stepscope(
-        home, "run", "--name", "fail", "--", sys.executable, "tests/jobs/fail.py", check=False
-    )
-    assert failed.returncode == 1, failed.stderr
+    home = ib_short(tmp_path_factory, "optimize")
     with RunStore(home) as store:
-        ids["fail"] = store.resolve_run("fail")
+        ids = {"ib": store.resolve_run("input-bound")}
+    ids["fail"] = failing_run(home)
     return {"home": home, "ids": ids}
 
 
@@ -648,7 +630,7 @@ def test_optimize_diagnoses_then_offers_the_auto_fixes(opt_home: Path, optimizab
     run_id = optimizable["ids"]["ib"]
     at = open_page("optimize", run=str(run_id))
     no_errors(at)
-    assert at.title[0].value == f"Optimize run {run_id} · ib"
+    assert at.title[0].value == f"Optimize run {run_id} · input-bound"
     with RunStore(opt_home) as store:
         assert store.findings(run_id) == []
     assert "has none yet" in texts(at)

@@ -89,8 +89,10 @@ def attach_json(home: Path, pid: int, duration: float, *extra: str) -> dict:
     ("script", "args", "verdict", "phase"),
     [
         (
+            # 20 ms of read latency per sample: the loading (sleeps) outweighs the model
+            # (CPU work, which a loaded machine stretches) whatever else runs beside it
             "input_bound.py",
-            ("--steps", "2000", "--log-every", "1"),
+            ("--steps", "2000", "--log-every", "1", "--io-latency-ms", "20"),
             ("io", "input_pipeline"),
             "data_loading",
         ),

@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from hand_trace import US, ev, launch, make_trace, shared_trace
+from hand_trace import US, ev, launch, make_trace
+from traces import trace_path
 
 from stepscope.analyzers.communication import communication_summary
 from stepscope.analyzers.trace_load import load_trace
@@ -77,7 +78,7 @@ def test_cpu_only_uses_host_collectives():
 
 
 def test_real_cpu_only_trace():
-    out = communication_summary(load_trace(shared_trace("cpu_only_rank34.pt.trace.json.gz")))
+    out = communication_summary(load_trace(trace_path("cpu_only_rank34.pt.trace.json.gz")))
     assert out["basis"] == {34: "cpu"}
     assert 0.5 < out["share"] <= 1.0
 
@@ -85,14 +86,14 @@ def test_real_cpu_only_trace():
 @pytest.mark.parametrize("job", ["a100_nccl", "sampled_2ranks"])
 def test_overlap_agrees_with_hta_within_1pp(job):
     ref = json.loads(REFERENCE.read_text())["jobs"][job]
-    out = communication_summary(load_trace([shared_trace(f) for f in ref["files"]]))
+    out = communication_summary(load_trace([trace_path(f) for f in ref["files"]]))
     for row in ref["comm_comp_overlap"]:
         got = 100 * out["overlap_by_rank"][row["rank"]]
         assert got == pytest.approx(row["comp_comm_overlap_pctg"], abs=1.0)
 
 
 def test_two_rank_pair_skew():
-    files = [shared_trace(f"sampled_2ranks_rank-{r}.json.gz") for r in (0, 1)]
+    files = [trace_path(f"sampled_2ranks_rank-{r}.json.gz") for r in (0, 1)]
     out = communication_summary(load_trace(files))
     skew = out["skew"]
     assert list(skew["step"]) == [551, 552]

@@ -38,7 +38,7 @@ def test_demo_records_diagnoses_and_compares(tmp_path: Path) -> None:
             "demo",
             "--no-dashboard",
             "--steps",
-            "16",
+            "10",  # enough for the capture (steps 5-7) and timed steps on either side
             "--trials",
             "1",
         ],

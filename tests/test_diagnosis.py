@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from recordings import pause_40
 from traces import trace_path
 
 from stepscope import fixes as catalog
@@ -466,10 +467,12 @@ def _texts(finding: Finding) -> list[str]:
     return [e.text for e in finding.evidence]
 
 
-def test_one_pause_in_the_loader_is_not_an_input_bound_job(tmp_path: Path) -> None:
+def test_one_pause_in_the_loader_is_not_an_input_bound_job(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
     # 40 steps of 10 ms; one sample sleeps 200 ms once: the ratio of sums said 31 %
-    run_id = _launch(tmp_path, str(JOBS / "pause.py"), "--steps", "40")
-    with RunStore(tmp_path) as store:
+    home, run_id = pause_40(tmp_path_factory, "pause")
+    with RunStore(home) as store:
         d = diagnose_run(store, run_id)
     assert d.level == "steps"
     assert not [f for f in d.findings if f.subtype == "input_pipeline"]

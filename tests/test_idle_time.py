@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from hand_trace import US, ev, launch, make_trace, shared_trace
+from hand_trace import US, ev, launch, make_trace
+from traces import trace_path
 
 from stepscope.analyzers.idle_time import idle_time_breakdown
 from stepscope.analyzers.trace_load import load_trace
@@ -103,7 +104,7 @@ def test_cpu_only_trace_gives_empty_frame():
     assert df.empty and list(df.columns)[:4] == ["rank", "stream", "idle_category", "idle_ns"]
 
 
-# -- agreement with HTA 0.5.0 on the shared traces (pinned by bench/reference_hta.py) ----
+# -- agreement with HTA 0.5.0 on the real traces (pinned by bench/reference_hta.py) ----
 
 
 def _jobs_with(key: str) -> list[str]:
@@ -114,7 +115,7 @@ def _jobs_with(key: str) -> list[str]:
 @pytest.mark.parametrize("job", _jobs_with("idle_time_breakdown"))
 def test_agrees_with_hta_within_1pp(job):
     ref = json.loads(REFERENCE.read_text())["jobs"][job]
-    trace = load_trace([shared_trace(f) for f in ref["files"]])
+    trace = load_trace([trace_path(f) for f in ref["files"]])
     ours = idle_time_breakdown(trace)
     hta = {}
     for row in ref["idle_time_breakdown"]:

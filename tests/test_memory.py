@@ -8,7 +8,8 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from hand_trace import ev, make_trace, shared_trace
+from hand_trace import ev, make_trace
+from traces import trace_path
 
 from stepscope.analyzers.memory import (
     TIMELINE_CATEGORIES,
@@ -65,7 +66,7 @@ def test_no_memory_events():
 
 
 def test_real_trace_memory_peaks():
-    trace = load_trace(shared_trace("resnet50_v100_num_workers_0.pt.trace.json.gz"))
+    trace = load_trace(trace_path("resnet50_v100_num_workers_0.pt.trace.json.gz"))
     out = memory_summary(trace)
     assert set(out) == {"cpu", "cuda:0"}
     cuda = trace.memory[trace.memory["device_type"] == 1]
@@ -132,7 +133,7 @@ def test_small_raw_timeline_by_hand(tmp_path):
 
 
 def test_shared_raw_timeline_matches_torch_coalescing():
-    path = shared_trace("memory_timeline.raw.gz")
+    path = trace_path("memory_timeline.raw.gz")
     rows = json.loads(gzip.decompress(path.read_bytes()))
     want = _torch_coalesce_peak(rows)
     by = memory_timeline_by_category(load_memory_timeline(path))

@@ -15,9 +15,12 @@ import pytest
 from stepscope.collectors import gpu_sampler
 from stepscope.store import RunStore
 
-# A root that keeps two busy children (DataLoader-worker stand-ins) for `seconds`.
+# A root that keeps two busy children (DataLoader-worker stand-ins) for `seconds`, from
+# the moment it reads a line on stdin (the test sends it once the sampler is sampling:
+# on a loaded machine the sampler's own start can take seconds).
 BUSY_TREE = """
 import subprocess, sys, time
+sys.stdin.readline()
 busy = "import time\\nt = time.time()\\nwhile time.time() - t < {seconds}: pass"
 kids = [subprocess.Popen([sys.executable, "-c", busy]) for _ in range(2)]
 t = time.time()
@@ -28,8 +31,10 @@ for k in kids:
 """
 
 # A root whose children appear and vanish all the time: the sampler must not complain.
+# It starts on a line on stdin, as the busy tree does.
 FLICKER_TREE = """
 import subprocess, sys, time
+sys.stdin.readline()
 t = time.time()
 while time.time() - t < {seconds}:
     subprocess.Popen([sys.executable, "-c", "pass"]).wait()
@@ -60,13 +65,29 @@ def _metric(samples, scope: str, metric: str):
     return samples[(samples["scope"] == scope) & (samples["metric"] == metric)]["value"]
 
 
+def _wait_for_samples(home: Path, run_id: int, timeout_s: float = 60.0) -> None:
+    """Until the sampler has committed its first rows (it commits about once a second)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with RunStore(home) as store:
+            if not store.samples(run_id).empty:
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"no samples within {timeout_s:g} s")
+
+
 def test_sampler_records_busy_tree_and_exits_when_root_dies(tmp_path: Path) -> None:
     home = tmp_path / "h"
     with RunStore(home) as store:
         run_id = store.create_run(["busy"])
-    root = subprocess.Popen([sys.executable, "-c", BUSY_TREE.format(seconds=3.0)])
+    root = subprocess.Popen(
+        [sys.executable, "-c", BUSY_TREE.format(seconds=3.0)], stdin=subprocess.PIPE, text=True
+    )
     sampler = _start_sampler(home, run_id, root.pid)
     try:
+        _wait_for_samples(home, run_id)
+        root.stdin.write("go\n")
+        root.stdin.flush()
         # wait4: the root's CPU time including its (waited-for) children = ground truth
         _, _, usage = os.wait4(root.pid, 0)
         root.returncode = 0
@@ -111,6 +132,15 @@ def test_sampler_records_busy_tree_and_exits_when_root_dies(tmp_path: Path) -> N
     most = proc[proc["metric"] == "cpu_max_process_percent"].set_index("t")["value"]
     ratio = (cpu / most).dropna()
     assert ratio.median() > 2.0, ratio
+
+    # what the tree asked for: the CPU it got plus its threads' waits for a core; three
+    # busy processes on fewer than three cores cannot all run at once
+    demand = proc[proc["metric"] == "cpu_demand_percent"].set_index("t")["value"]
+    assert set(demand.index) == set(cpu.index)
+    assert (demand >= cpu - 1e-6).all()
+    if len(os.sched_getaffinity(0)) < 3:
+        busy = both[both.isin(demand.index)]
+        assert (demand[busy] > 1.1 * cpu[busy]).mean() > 0.5, (demand[busy], cpu[busy])
     assert not (events["level"] == "error").any()
 
 
@@ -143,9 +173,14 @@ def test_sampler_is_quiet_about_processes_vanishing(tmp_path: Path) -> None:
     home = tmp_path / "h"
     with RunStore(home) as store:
         run_id = store.create_run(["flicker"])
-    root = subprocess.Popen([sys.executable, "-c", FLICKER_TREE.format(seconds=2.0)])
+    root = subprocess.Popen(
+        [sys.executable, "-c", FLICKER_TREE.format(seconds=2.0)], stdin=subprocess.PIPE, text=True
+    )
     sampler = _start_sampler(home, run_id, root.pid, interval=0.05)
     try:
+        _wait_for_samples(home, run_id)
+        root.stdin.write("go\n")
+        root.stdin.flush()
         root.wait(timeout=30)
         _, err = sampler.communicate(timeout=10)
     finally:

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from recordings import pause_40
 
 from stepscope.analyzers.step_stats import describe_wait_outliers, summarize_steps
 from stepscope.analyzers.thresholds import INPUT_HIGH, INPUT_MIN
@@ -188,9 +189,11 @@ def _record(home: Path, *args: str) -> pd.DataFrame:
         return store.steps(run_id)
 
 
-def test_real_run_with_one_pause(tmp_path: Path) -> None:
+def test_real_run_with_one_pause(tmp_path_factory: pytest.TempPathFactory) -> None:
     # 40 steps of 10 ms; sample 80 (step 20) sleeps 200 ms once
-    steps = _record(tmp_path, str(JOBS / "pause.py"), "--steps", "40")
+    home, run_id = pause_40(tmp_path_factory, "pause")
+    with RunStore(home) as store:
+        steps = store.steps(run_id)
     assert len(steps) == 40
     s = summarize_steps(steps)
     assert raw_share(s) > INPUT_HIGH  # what the ratio of sums said

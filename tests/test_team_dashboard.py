@@ -26,10 +26,10 @@ from dashboard_helpers import (
     cli_env,
     no_errors,
     open_page,
-    record,
     stepscope,
     texts,
 )
+from recordings import ib_short
 from streamlit.testing.v1 import AppTest
 
 from stepscope.app.cli.dashboard import bind_refusal
@@ -61,8 +61,9 @@ def _plain(row: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def team(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    home = tmp_path_factory.mktemp("team") / "home"
-    own = record(home, "mine", "input_bound.py", "--steps", "14", opts=("--max-steps", "12"))
+    home = ib_short(tmp_path_factory, "team")
+    with RunStore(home) as store:
+        own = store.resolve_run("input-bound")
     with RunStore(home) as store:
         foreign = _foreign_copy(store, own)
         live_foreign = _foreign_copy(store, own, status="running")

@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from hand_trace import US, ev, launch, make_trace, shared_trace
+from hand_trace import US, ev, launch, make_trace
+from traces import trace_path
 
 from stepscope.analyzers.temporal import temporal_breakdown
 from stepscope.analyzers.trace_load import load_trace
@@ -62,7 +63,7 @@ def test_cpu_only_rank_gets_a_cpu_basis_answer():
 def test_real_cpu_only_trace_where_hta_fails():
     ref = json.loads(REFERENCE.read_text())["jobs"]["cpu_only"]
     assert "error" in ref["temporal_breakdown"]  # HTA cannot analyse it
-    trace = load_trace(shared_trace("cpu_only_rank34.pt.trace.json.gz"))
+    trace = load_trace(trace_path("cpu_only_rank34.pt.trace.json.gz"))
     row = temporal_breakdown(trace).iloc[0]
     assert row["rank"] == 34 and row["basis"] == "cpu"
     # the job spends most of its time in gloo all-reduces on the gloo threads
@@ -78,7 +79,7 @@ def _jobs_with(key: str) -> list[str]:
 @pytest.mark.parametrize("job", _jobs_with("temporal_breakdown"))
 def test_agrees_with_hta_within_1pp(job):
     ref = json.loads(REFERENCE.read_text())["jobs"][job]
-    trace = load_trace([shared_trace(f) for f in ref["files"]])
+    trace = load_trace([trace_path(f) for f in ref["files"]])
     ours = temporal_breakdown(trace).set_index("rank")
     for row in ref["temporal_breakdown"]:
         mine = ours.loc[row["rank"]]

@@ -1,4 +1,4 @@
-"""Where the shared real traces live, and a skip when they are not there."""
+"""The real traces the tests read (tests/data/, see its README), by name."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+TRACES = Path(__file__).resolve().parent / "data"
 
 RESNET_NW0 = "resnet50_v100_num_workers_0.pt.trace.json.gz"
 RESNET_NW4 = "resnet50_v100_num_workers_4.pt.trace.json.gz"
@@ -16,12 +16,14 @@ RANK0 = "sampled_2ranks_rank-0.json.gz"
 RANK1 = "sampled_2ranks_rank-1.json.gz"
 CPU_ONLY = "cpu_only_rank34.pt.trace.json.gz"
 MI250 = "amd_mi250_minitoy.json.gz"
+MEMORY_TIMELINE = "memory_timeline.raw.gz"
 ALL = [RESNET_NW0, RESNET_NW4, A100, V100_NS, RANK0, RANK1, CPU_ONLY, MI250]
 
 
 def trace_path(name: str) -> Path:
-    """Path of a shared trace; skips the test (with the reason) when it is missing."""
+    """Path of a trace in tests/data; a missing one fails the test (it is part of the
+    repository: a clone without it is broken, not a machine without a GPU)."""
     path = TRACES / name
     if not path.exists():
-        pytest.skip(f"shared trace {name} not found in {TRACES} (tests read ../shared/traces)")
+        pytest.fail(f"test input {name} is missing from {TRACES}", pytrace=False)
     return path

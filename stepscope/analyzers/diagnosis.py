@@ -98,11 +98,32 @@ def diagnose(ev: Evidence) -> Diagnosis:
         )
         for finding in findings:
             finding.confidence = round(finding.confidence * FEW_STEPS_FACTOR, 2)
+    _rank_before_the_work_it_slows(findings)
     findings.sort(key=lambda f: (f.cost, f.confidence), reverse=True)
     present = frozenset(f.key for f in findings)
     for finding in findings:
         recommend(finding, ev, present)
     return Diagnosis(ev.level, findings, warnings)
+
+
+# Findings whose fix comes before any fix of the compute they sit in: autograd recording a
+# graph nobody uses slows every forward, and compile, bf16 or int8 measured on a forward
+# that records gradients are measured against the wrong baseline (``thresholds``).
+FIRST_AMONG_COMPUTE = ("compute/inference_grad",)
+
+
+def _rank_before_the_work_it_slows(findings: list[Finding]) -> None:
+    """Lift such a finding's cost just above the costliest compute finding's. By shares
+    alone the order would depend on the run's split between forward and "the rest of
+    the step", which moves with the machine's load."""
+    compute = [
+        f.cost for f in findings if f.klass == "compute" and f.key not in FIRST_AMONG_COMPUTE
+    ]
+    if not compute:
+        return
+    for finding in findings:
+        if finding.key in FIRST_AMONG_COMPUTE and finding.cost <= max(compute):
+            finding.extra_cost += max(compute) - finding.cost + 1e-6
 
 
 def _nothing_to_diagnose(ev: Evidence) -> Diagnosis:

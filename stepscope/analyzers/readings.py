@@ -35,6 +35,17 @@ def gpu_util_samples(ev: Evidence) -> float | None:
     return None if value is None else value / 100.0
 
 
+def process_cpu(ev: Evidence, stat: str) -> tuple[float | None, str]:
+    """The process tree's CPU % (``stat``: mean, p95) and how to say it: what it asked
+    for (CPU it got plus time its threads waited for a core) where the sampler read the
+    run-queue waits, else what it got. On a machine shared with other work a busy job
+    gets less than it asks for; asking is what tells computing from waiting."""
+    demand = ev.system.get(f"proc.cpu_demand_percent.{stat}")
+    if demand is not None:
+        return demand, "asked for"
+    return ev.system.get(f"proc.cpu_percent.{stat}"), "used"
+
+
 def kernel_time_share(ev: Evidence, classes: tuple[str, ...]) -> tuple[float, float]:
     """(share of step time, fraction of kernel time) of the kernel classes."""
     kc = ev.trace.kernel_classes

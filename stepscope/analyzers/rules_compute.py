@@ -21,6 +21,7 @@ from stepscope.analyzers.readings import (
     optimizer_finding_share,
     outlier_note,
     pct,
+    process_cpu,
     roofline_split,
     stack_phases,
     step_phase_shares,
@@ -247,14 +248,17 @@ def device_compute(ev: Evidence) -> Finding | None:
             confidence = 0.4
     else:
         cores = ev.context.cpu_count or 1
-        cpu = ev.system.get("proc.cpu_percent.p95")
+        cpu, verb = process_cpu(ev, "p95")
         if util is not None and util >= GPU_UTIL_BUSY:
             share, confidence = util, 0.5
         elif util is None and cpu is not None and cpu >= COMPUTING_CPU_PERCENT:
-            share, confidence = min(1.0, ev.system["proc.cpu_percent.mean"] / 100), 0.4
+            mean, _ = process_cpu(ev, "mean")
+            share, confidence = min(1.0, (mean or 0.0) / 100), 0.4
             evidence.append(
                 EvidenceItem.of(
-                    f"process tree CPU {cpu:.0f} % (95th percentile, {cores} cores)", cpu, "psutil"
+                    f"process tree {verb} {cpu:.0f} % CPU (95th percentile, {cores} cores)",
+                    cpu,
+                    "psutil",
                 )
             )
         else:

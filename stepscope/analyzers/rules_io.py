@@ -15,6 +15,7 @@ from stepscope.analyzers.readings import (
     has_gpu_trace,
     outlier_note,
     pct,
+    process_cpu,
 )
 from stepscope.analyzers.thresholds import INPUT_HIGH, INPUT_MIN, IOWAIT_HIGH, WAITING_CPU_PERCENT
 from stepscope.types import EvidenceItem, Finding
@@ -95,12 +96,14 @@ def waiting_process(ev: Evidence) -> Finding | None:
     """Samples only, no GPU: a process that barely uses the CPU is waiting on input."""
     if ev.level != "samples" or gpu_util_samples(ev) is not None:
         return None
-    cpu = ev.system.get("proc.cpu_percent.mean")
+    cpu, verb = process_cpu(ev, "mean")
     if cpu is None or cpu >= WAITING_CPU_PERCENT:
         return None
     evidence = [
         EvidenceItem.of(
-            f"process tree CPU {cpu:.0f} % on average (less than a core) with no GPU", cpu, "psutil"
+            f"process tree {verb} {cpu:.0f} % CPU on average (less than a core) with no GPU",
+            cpu,
+            "psutil",
         )
     ]
     return Finding(

@@ -11,8 +11,8 @@ Method: square matmuls sized so the three operands fit the last-level cache (the
 BLAS then runs from cache: the compute peak, not memory) and shrunk where one would
 not fit the time budget (slow dtypes), one warm-up, then the best
 of the repeats that fit the time budget; bandwidth as in McCalpin's STREAM (copy
-``a = b``, triad ``a = b + s*c``) over arrays much larger than the cache, best of the
-repeats. Best, not mean: the peak is what the hardware can do, and every slower repeat
+``a = b``, triad ``a = b + s*c``) over arrays much larger than the cache (shrunk,
+never below 64 MiB, where they would not fit the time budget), best of the repeats. Best, not mean: the peak is what the hardware can do, and every slower repeat
 was slowed by something else (another process, a page fault, a frequency step).
 """
 
@@ -124,6 +124,21 @@ def _matmul_gflops(torch: Any, dtype: Any, n_cache: int, budget_s: float) -> tup
     return 2.0 * n**3 / best_s / 1e9, repeats, n
 
 
+def _stream_size(torch: Any, nbytes: int, budget_s: float) -> int:
+    """``nbytes`` per array, unless MIN_REPEATS + 1 copies of that size would not fit the
+    budget: then the size that does (never below MIN_STREAM_BYTES). A VM may report its
+    host's whole L3 (480 MB seen), whose 4x would take seconds per copy and 6 GB of RAM.
+    A 64 MiB probe copy gives the rate."""
+    count = MIN_STREAM_BYTES // 4
+    x = torch.empty(count, dtype=torch.float32)
+    y = torch.ones(count, dtype=torch.float32)
+    with torch.inference_mode():
+        probe_s, _ = _best_time(lambda: x.copy_(y), 0.0, repeats=1)
+    per_call = budget_s / (MIN_REPEATS + 1)
+    fits = int(MIN_STREAM_BYTES * per_call / probe_s)
+    return max(MIN_STREAM_BYTES, min(nbytes, fits))
+
+
 def _stream_gbs(torch: Any, nbytes: int, budget_s: float) -> tuple[float, float]:
     """Copy and triad GB/s over float32 arrays of ``nbytes`` each (bandwidth does not
     depend on the dtype), bytes counted as STREAM does: 2 arrays for copy, 3 for triad."""
@@ -169,9 +184,10 @@ def calibrate(
         n_cache = matmul_size(itemsize, llc)
         say(f"matmul {dtype} (up to {n_cache}x{n_cache}) on {used_threads} thread(s)")
         gflops, repeats, n = _matmul_gflops(torch, torch_dtype, n_cache, seconds * MATMUL_SHARE)
-        nbytes = stream_bytes or max(MIN_STREAM_BYTES, 4 * llc)
+        stream_s = seconds * (1 - MATMUL_SHARE) / 2
+        nbytes = stream_bytes or _stream_size(torch, max(MIN_STREAM_BYTES, 4 * llc), stream_s)
         say(f"stream copy and triad over 3 x {nbytes / 2**20:.0f} MiB")
-        copy_gbs, triad_gbs = _stream_gbs(torch, nbytes, seconds * (1 - MATMUL_SHARE) / 2)
+        copy_gbs, triad_gbs = _stream_gbs(torch, nbytes, stream_s)
     finally:
         torch.set_num_threads(before)
     return Calibration(

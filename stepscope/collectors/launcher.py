@@ -292,9 +292,8 @@ def _finalise(
         store.update_run(run_id, error=None)
         store.log_event(run_id, "warning", "launcher", f"a child process raised: {run['error']}")
 
-    steps = store.steps(run_id)
-    ranks = steps["rank"].nunique() if len(steps) else 0
-    counted = f"{len(steps)} steps" if ranks <= 1 else f"{len(steps)} steps over {ranks} ranks"
+    steps, ranks = store.step_count(run_id)
+    counted = f"{steps} steps" if ranks <= 1 else f"{steps} steps over {ranks} ranks"
     how = status if status in ("completed", "stopped") else f"{status} (exit code {exit_code})"
     if not quiet and not ended:  # one node of a multi-node run; the others go on
         node = "this node" if member.node_rank is None else f"node {member.node_rank}"

@@ -13,7 +13,11 @@ with this host's name: a multi-node job's launchers each run a sampler into one 
 
 CPU figures are computed from cpu-time deltas between two samples rather than with
 psutil's ``cpu_percent()``, because the job's tree changes (workers come and go) and a
-process seen for the first time would otherwise report 0 %.
+process seen for the first time would otherwise report 0 %. Beside the CPU the tree
+got, ``cpu_demand_percent`` adds the time its threads were ready to run but waited for a
+core (Linux's per-thread run-queue delay, ``/proc/<pid>/task/<tid>/schedstat``): on a
+machine shared with other work a CPU-bound DataLoader gets less than a core, but it still
+asks for one, and what it asks for is what tells CPU work from waiting on I/O.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ class _ProcState:
     wall: float
     io: tuple[float, float, float, float] | None  # read_bytes, write_bytes, read_chars, write_chars
     threads: dict[int, float] = field(default_factory=dict)  # thread id -> cpu seconds
+    queued: dict[int, float] | None = None  # thread id -> seconds waiting for a core
 
 
 class ProcessTreeSampler:
@@ -81,6 +86,8 @@ class ProcessTreeSampler:
         total_cpu = 0.0
         max_proc_cpu = 0.0
         max_thread_cpu = 0.0
+        waited = 0.0
+        have_waits = True
         rss = 0.0
         threads = 0
         io_rate = [0.0, 0.0, 0.0, 0.0]
@@ -98,6 +105,7 @@ class ProcessTreeSampler:
                     n_threads = proc.num_threads()
                     io = _io(proc)
                 thread_times = _thread_times(proc)
+                queued = _run_queue_waits(proc.pid)
             except _GONE:
                 continue  # vanished between listing and reading: not an error
             alive += 1
@@ -114,11 +122,22 @@ class ProcessTreeSampler:
                     before = prev.threads.get(tid)
                     if before is not None:
                         max_thread_cpu = max(max_thread_cpu, max(0.0, tcpu - before) / dt * 100.0)
+                if queued is None or prev.queued is None:
+                    have_waits = False  # the kernel does not say (not Linux, no schedstat)
+                else:
+                    # a thread born since the last sample waited all its life in this window
+                    waited += (
+                        sum(max(0.0, q - prev.queued.get(tid, 0.0)) for tid, q in queued.items())
+                        / dt
+                        * 100.0
+                    )
                 if io is not None and prev.io is not None:
                     have_io = True
                     for i in range(4):
                         io_rate[i] += max(0.0, io[i] - prev.io[i]) / dt
-            new_state[key] = _ProcState(cpu_s=cpu_s, wall=now, io=io, threads=thread_times)
+            new_state[key] = _ProcState(
+                cpu_s=cpu_s, wall=now, io=io, threads=thread_times, queued=queued
+            )
         first = not self._state
         self._state = new_state
         self.pids = pids or self.pids
@@ -135,6 +154,8 @@ class ProcessTreeSampler:
                 (t, "proc", "cpu_max_process_percent", max_proc_cpu),
                 (t, "proc", "cpu_max_thread_percent", max_thread_cpu),
             ]
+            if have_waits:
+                rows.append((t, "proc", "cpu_demand_percent", total_cpu + waited))
             if have_io:
                 rows += [
                     (t, "proc", "read_bytes_per_s", io_rate[0]),
@@ -315,6 +336,23 @@ def _thread_times(proc: psutil.Process) -> dict[int, float]:
         # Not readable for this process or platform: the busiest-thread metric is
         # skipped (its absence is the reading), the other metrics go on.
         return {}
+
+
+def _run_queue_waits(pid: int) -> dict[int, float] | None:
+    """Seconds each thread of ``pid`` has spent ready to run while waiting for a core
+    (the second field of Linux's schedstat); None where the kernel does not say."""
+    waits: dict[int, float] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                waits[int(tid)] = int(f.read().split()[1]) / 1e9
+        except (OSError, ValueError, IndexError):
+            continue  # the thread ended between the listing and the read
+    return waits or None
 
 
 def _cpu_total(times: Any) -> float:

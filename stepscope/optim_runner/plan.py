@@ -215,7 +215,8 @@ def loader_wait(steps: pd.DataFrame, samples: pd.DataFrame, loaders: int = 1) ->
     """Is the data the loop waits for held up by CPU work or by waiting (I/O, latency)?
 
     The step timer says how long each step waited for data; the sampler says how busy
-    the process tree was over each sampling window. Regressing the CPU of each window on
+    the process tree was over each sampling window (the CPU it asked for, where the
+    sampler could read its run-queue waits). Regressing the CPU of each window on
     the share of it spent waiting for data gives the CPU while waiting (the fit at a
     share of 1), and the CPU while computing (at 0). Loading is waiting when it uses
     less than half a core per loading process (``loaders``: the main process, or the
@@ -224,15 +225,17 @@ def loader_wait(steps: pd.DataFrame, samples: pd.DataFrame, loaders: int = 1) ->
     Without enough windows, a run that waits most of its time while using less than
     half a core is waiting too.
     """
-    fit = _cpu_fit(steps, samples)
+    metric = _cpu_metric(samples)
+    fit = _cpu_fit(steps, samples, metric)
     if fit is not None:
         cpu, computing = fit
         per_loader = cpu / max(1, loaders)
         waiting = per_loader < LOADER_BUSY_PERCENT and cpu < WAIT_TO_WORK_RATIO * computing
         kind = "io" if waiting else "cpu"
         what = "waiting (I/O, latency)" if kind == "io" else "CPU work"
+        verb = "asked for" if metric == "cpu_demand_percent" else "used"
         basis = (
-            f"the process tree used {cpu:.0f} % CPU while the loop waited for data, "
+            f"the process tree {verb} {cpu:.0f} % CPU while the loop waited for data, "
             f"so the loading is {what}"
         )
         return LoaderWait(kind, cpu, basis)
@@ -240,7 +243,7 @@ def loader_wait(steps: pd.DataFrame, samples: pd.DataFrame, loaders: int = 1) ->
         return LoaderWait("unknown", None, "no step or CPU samples to tell I/O from CPU work")
     times = (steps["end_s"] - steps["start_s"]).sum()
     wait_share = float(steps["data_wait_s"].fillna(0).sum() / times) if times > 0 else 0.0
-    proc = samples[(samples["scope"] == "proc") & (samples["metric"] == "cpu_percent")]
+    proc = samples[(samples["scope"] == "proc") & (samples["metric"] == metric)]
     mean_cpu = float(proc["value"].mean()) if len(proc) else math.nan
     if wait_share >= 0.5 and mean_cpu < LOADER_BUSY_PERCENT:
         basis = f"the loop waits {wait_share:.0%} of the time at {mean_cpu:.0f} % CPU"
@@ -248,7 +251,18 @@ def loader_wait(steps: pd.DataFrame, samples: pd.DataFrame, loaders: int = 1) ->
     return LoaderWait("unknown", None, "too few samples to tell I/O from CPU work")
 
 
-def _cpu_fit(steps: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, float] | None:
+def _cpu_metric(samples: pd.DataFrame) -> str:
+    """The CPU the tree asked for (got, plus waited for a core) where the sampler could
+    read it: on a machine shared with other work a CPU-bound loader gets less than a
+    core and would pass for one that waits on I/O."""
+    if samples.empty or not (samples["metric"] == "cpu_demand_percent").any():
+        return "cpu_percent"
+    return "cpu_demand_percent"
+
+
+def _cpu_fit(
+    steps: pd.DataFrame, samples: pd.DataFrame, metric: str = "cpu_percent"
+) -> tuple[float, float] | None:
     """CPU % of the process tree (waiting for data, computing); None when it cannot be fit.
 
     A step waits for data at its start (the loader is asked for the next batch right
@@ -261,7 +275,7 @@ def _cpu_fit(steps: pd.DataFrame, samples: pd.DataFrame) -> tuple[float, float] 
     wait_start = rank0["start_s"].to_numpy(dtype=float)
     wait_end = wait_start + rank0["data_wait_s"].fillna(0.0).to_numpy(dtype=float)
     first, last = float(rank0["end_s"].iloc[0]), float(rank0["end_s"].iloc[-1])
-    proc = samples[(samples["scope"] == "proc") & (samples["metric"] == "cpu_percent")]
+    proc = samples[(samples["scope"] == "proc") & (samples["metric"] == metric)]
     proc = proc.dropna(subset=["value"]).sort_values("t")
     t = proc["t"].to_numpy(dtype=float)
     cpu = proc["value"].to_numpy(dtype=float)
