@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 
+from stepscope.analyzers.generation import generation_summary, requests_frame, token_latencies
 from stepscope.analyzers.step_stats import summarize_steps
 from stepscope.analyzers.trace_load import TraceError
 from stepscope.analyzers.trace_report import analyze_trace
@@ -88,13 +89,14 @@ def _analyze_run(ref: int | str, home: PathLike | None) -> Report:
         run_id = store.resolve_run(ref)
         arts = store.artifacts(run_id)
         steps = store.steps(run_id)
+        requests = store.requests(run_id)
         store_home = store.home
     try:  # an uploaded trace is read from the artifact cache (store/artifacts.py)
         traces = kind_files(arts, store_home, "trace")
     except ArtifactError as exc:
         raise TraceError(str(exc)) from None
     trace = analyze_trace(traces, calibration_home=store_home) if traces else None
-    return Report(trace, run_id=run_id, home=store_home, steps=steps)
+    return Report(trace, run_id=run_id, home=store_home, steps=steps, requests=requests)
 
 
 def runs(home: PathLike | None = None) -> pd.DataFrame:
@@ -152,10 +154,10 @@ def _duration(run: dict[str, Any]) -> float | None:
 
 
 class Run:
-    """One recorded run: its row, its steps and its recorded findings.
+    """One recorded run: its row, its steps, its requests and its recorded findings.
 
     Made by ``stepscope.run(id)``. The row is read when the object is made; ``steps``,
-    ``summary`` and ``findings`` on first use (a running job's keep what they read then:
+    ``summary``, ``requests``, ``tokens``, ``generation`` and ``findings`` on first use (a running job's keep what they read then:
     ask ``stepscope.run`` again for fresh ones).
     """
 
@@ -185,6 +187,30 @@ class Run:
         return summarize_steps(self.steps)
 
     @cached_property
+    def _requests(self) -> pd.DataFrame:
+        """The store's request rows, read once for the three views below."""
+        with RunStore(self.home) as store:
+            return store.requests(self.id)
+
+    @cached_property
+    def requests(self) -> pd.DataFrame:
+        """A text-generation run's requests, one row per request; columns as
+        ``Report.requests``; empty for a run that served none."""
+        return requests_frame(self._requests)
+
+    @cached_property
+    def tokens(self) -> pd.DataFrame:
+        """Per decoded token, its position and latencies; columns as ``Report.tokens``."""
+        return token_latencies(self._requests)
+
+    @cached_property
+    def generation(self) -> dict[str, Any] | None:
+        """The request figures ``stepscope show`` prints (``generation_summary``: requests,
+        tokens, p50/p90/p99/mean of request latency, TTFT, TPOT in seconds, tokens/s,
+        the prefill / decode / other split); None for a run that served no request."""
+        return generation_summary(self._requests, self.steps)
+
+    @cached_property
     def findings(self) -> pd.DataFrame:
         """The recorded diagnosis (by ``stepscope analyze`` or the dashboard), one row per
         finding, columns as ``Report.findings``; empty when it was never diagnosed.
@@ -199,10 +225,15 @@ class Run:
     def __repr__(self) -> str:
         top = self.findings["class"].str.cat(self.findings["subtype"], sep="/")
         finding = f", top finding {top.iloc[0]}" if len(top) else ""
-        return (
-            f"stepscope.Run {self.id} {self.name!r} ({self.status}): {len(self.steps)} steps, "
-            f"median step {fmt_s(self.summary['step_time_median_s'])}{finding}"
-        )
+        gen = self.generation
+        if gen is not None:  # its steps are its requests: say so in the request's words
+            p50 = (gen["request_s"] or {}).get("p50")
+            what = f"{gen['requests']} requests, median request {fmt_s(p50)}"
+        else:
+            what = (
+                f"{len(self.steps)} steps, median step {fmt_s(self.summary['step_time_median_s'])}"
+            )
+        return f"stepscope.Run {self.id} {self.name!r} ({self.status}): {what}{finding}"
 
 
 def run(ref: int | str, home: PathLike | None = None) -> Run:

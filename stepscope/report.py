@@ -19,6 +19,7 @@ import pandas as pd
 
 from stepscope.analyzers.breakdown import CATEGORIES
 from stepscope.analyzers.diagnosis import Diagnosis, diagnose_report, diagnose_run
+from stepscope.analyzers.generation import generation_summary, requests_frame, token_latencies
 from stepscope.analyzers.phases import PHASES as TRACE_PHASES
 from stepscope.analyzers.step_stats import PHASES as STEP_TIMER_PHASES
 from stepscope.analyzers.step_stats import summarize_steps
@@ -97,8 +98,8 @@ class Report:
     """One analysis of trace files or of a recorded run, as DataFrames.
 
     Made by ``stepscope.analyze``. The parts (``breakdown``, ``kernels``,
-    ``operators``, ``phases``, ``findings``, ``steps``) are computed on first use and
-    kept; ``diagnosis``, ``summary`` and ``trace_report`` are the objects they come
+    ``operators``, ``phases``, ``findings``, ``steps``, ``requests``, ``tokens``) are
+    computed on first use and kept; ``diagnosis``, ``summary`` and ``trace_report`` are the objects they come
     from. A report of a run without a trace has empty trace parts, with their columns.
     """
 
@@ -109,12 +110,14 @@ class Report:
         run_id: int | None = None,
         home: Path | None = None,
         steps: pd.DataFrame | None = None,
+        requests: pd.DataFrame | None = None,
     ) -> None:
         self.trace_report = trace_report
         self.run_id = run_id
         self.home = home
         self.paths: list[str] = list(trace_report.paths) if trace_report is not None else []
         self._steps = steps
+        self._requests = requests  # the store's rows (a generation run's), or None
 
     # -- the raw objects ----------------------------------------------------------
     @cached_property
@@ -132,12 +135,15 @@ class Report:
 
     @cached_property
     def summary(self) -> dict[str, Any]:
-        """``{"trace": ..., "steps": ...}``: the trace's summary (ranks, events, steps,
-        mean step in ns, devices) and a run's step figures (``summarize_steps``: median
-        step time, samples/s, data-wait share, warm-up); None where there is none."""
+        """``{"trace": ..., "steps": ..., "generation": ...}``: the trace's summary (ranks,
+        events, steps, mean step in ns, devices), a run's step figures
+        (``summarize_steps``: median step time, samples/s, data-wait share, warm-up) and
+        its requests' figures (``generation_summary``, what ``stepscope show`` prints);
+        None where there is none."""
         trace = self.trace_report.summary if self.trace_report is not None else None
         steps = summarize_steps(self._steps) if self.run_id is not None else None
-        return {"trace": trace, "steps": steps}
+        generation = generation_summary(self._requests, self._steps)
+        return {"trace": trace, "steps": steps, "generation": generation}
 
     @property
     def warnings(self) -> list[str]:
@@ -247,6 +253,31 @@ class Report:
         """
         return steps_frame(self._steps)
 
+    @cached_property
+    def requests(self) -> pd.DataFrame:
+        """A text-generation run's requests, one row per ``generate()`` call or decode
+        loop (``analyzers/generation.py``); empty for any other run and for trace files.
+
+        Columns: ``rank``, ``request`` (0-based per rank), ``step`` (the step it was, None
+        until it ended or in a training job), ``source`` ('generate' or 'loop'), ``status``
+        ('done', 'error', or 'running': unfinished in an ended run), ``rows`` (batch rows),
+        ``prompt_tokens``/``new_tokens`` (all rows), ``latency_s`` (the call), ``ttft_s``
+        (to the first token), ``tpot_s`` (per output token after it), ``tokens_per_s``,
+        ``prefill_s``/``decode_s`` (the first forward / the others) and ``other_s`` (the
+        rest: sampling, the loop's own work). Timings are NaN where it did not finish.
+        """
+        return requests_frame(self._requests)
+
+    @cached_property
+    def tokens(self) -> pd.DataFrame:
+        """One row per decoded token of the finished requests (``token_latencies``): the
+        KV-cache picture. Columns: ``rank``, ``request``, ``position`` (context length it
+        was computed over), ``offset_s`` (its forward's start, from the request's),
+        ``forward_s`` (the forward's own time), ``latency_s`` (to the next token). Per
+        position: ``t.groupby("position")["latency_s"].median()``; empty without requests.
+        """
+        return token_latencies(self._requests)
+
     # -- helpers ------------------------------------------------------------------
     def _trace_phases(self) -> pd.DataFrame:
         report = self.trace_report
@@ -291,10 +322,17 @@ class Report:
                 f"  steps: {figures.get('steps', 0)} recorded, median step "
                 f"{fmt_s(figures.get('step_time_median_s'))}"
             )
+            gen = self.summary["generation"]
+            if gen is not None:
+                p50 = (gen["request_s"] or {}).get("p50")
+                lines.append(
+                    f"  requests: {gen['requests']}, {gen['new_tokens']} new tokens, "
+                    f"p50 {fmt_s(p50)} per request"
+                )
         lines.append(f"  {_top_finding(self.diagnosis)}")
         lines.append(
-            "  parts (DataFrames): breakdown, kernels, operators, phases, findings, steps;"
-            " raw: diagnosis, summary, trace_report"
+            "  parts (DataFrames): breakdown, kernels, operators, phases, findings, steps,"
+            " requests, tokens; raw: diagnosis, summary, trace_report"
         )
         return "\n".join(lines)
 

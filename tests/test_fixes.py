@@ -16,7 +16,15 @@ from stepscope.fixes.base import Fix
 from stepscope.fixes.requirements import REQUIREMENTS
 from stepscope.types import BottleneckClass
 
-IN_JOB_HOOKS = ("set_global", "on_loader", "on_model", "ddp_kwargs", "after_ddp", "patch")
+IN_JOB_HOOKS = (
+    "set_global",
+    "on_loader",
+    "on_model",
+    "ddp_kwargs",
+    "after_ddp",
+    "on_generate",
+    "patch",
+)
 
 
 def _applied_by(fix: Fix) -> list[str]:
@@ -33,7 +41,8 @@ def test_each_module_is_one_fix_named_after_it(module) -> None:
 
 def test_every_module_in_the_package_is_in_the_catalog() -> None:
     folder = Path(catalog.__file__).parent
-    infrastructure = {"__init__", "base", "points", "requirements", "install", "took_effect"}
+    infrastructure = {"__init__", "base", "points", "requirements", "took_effect"}
+    infrastructure |= {"install", "install_generate"}
     files = {p.stem for p in folder.glob("*.py")} - infrastructure
     assert files == set(catalog.FIXES)
     assert len(catalog.MODULES) == len(catalog.FIXES)  # no id twice
@@ -83,4 +92,5 @@ def test_took_effect_reads_the_jobs_own_report() -> None:
 
 
 def test_slow_start_is_the_compilers() -> None:
-    assert [f.id for f in catalog.FIXES.values() if f.slow_start] == ["torch_compile"]
+    slow = [f.id for f in catalog.FIXES.values() if f.slow_start]
+    assert slow == ["static_cache_compile", "torch_compile"]

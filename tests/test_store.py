@@ -322,6 +322,6 @@ def test_version_4_store_is_migrated(tmp_path: Path) -> None:
         assert store.join_or_create_run(["python", "t.py"], run_group="job-7") == (new, False)
     with sqlite3.connect(tmp_path / "stepscope.db") as conn:
         version = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        assert int(version[0]) == SCHEMA_VERSION == 5
+        assert int(version[0]) == SCHEMA_VERSION == 6
         indexes = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")]
         assert "runs_group_running" in indexes

@@ -27,6 +27,7 @@ from stepscope.analyzers.evidence import Evidence, from_trace, gather
 from stepscope.analyzers.recommend import recommend
 from stepscope.analyzers.rules_communication import collectives, host_device
 from stepscope.analyzers.rules_compute import device_compute, host_overhead, optimizer_step
+from stepscope.analyzers.rules_generation import decode_batch_one, long_prefill, no_kv_cache
 from stepscope.analyzers.rules_inference import inference_grad, inference_train_mode, small_batch
 from stepscope.analyzers.rules_io import input_pipeline, storage, waiting_process
 from stepscope.analyzers.rules_memory import memory_bandwidth, memory_capacity
@@ -73,6 +74,9 @@ RULES: tuple[Callable[[Evidence], Finding | None], ...] = (
     inference_grad,
     inference_train_mode,
     small_batch,
+    no_kv_cache,
+    decode_batch_one,
+    long_prefill,
 )
 
 
@@ -107,9 +111,10 @@ def diagnose(ev: Evidence) -> Diagnosis:
 
 
 # Findings whose fix comes before any fix of the compute they sit in: autograd recording a
-# graph nobody uses slows every forward, and compile, bf16 or int8 measured on a forward
-# that records gradients are measured against the wrong baseline (``thresholds``).
-FIRST_AMONG_COMPUTE = ("compute/inference_grad",)
+# graph nobody uses slows every forward, a decode without a KV cache recomputes the whole
+# context at every token, and compile, bf16 or int8 measured on such a forward are
+# measured against the wrong baseline (``thresholds``).
+FIRST_AMONG_COMPUTE = ("compute/inference_grad", "compute/no_kv_cache")
 
 
 def _rank_before_the_work_it_slows(findings: list[Finding]) -> None:

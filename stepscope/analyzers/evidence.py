@@ -6,6 +6,12 @@ stack samples of an attached process: where its main thread spends its time),
 ``steps`` (the step timer of `stepscope run`: data wait, step times) and ``trace``
 (plus a profiler capture: the full breakdown, kernels, memory, communication). The diagnosis
 states which level it had, and its confidence follows from it.
+
+A generation run (its steps are requests: ``analyzers/generation.py``) also carries its
+requests, their summary and decoded tokens, and, on the CPU, the host's calibration
+(``stepscope calibrate``): the generation rules (``rules_generation``) read the decode
+against it. The settings its ``generate()`` calls were seen with go into the context's
+facts (``facts["generation"]``), where the fixes' requirements read them.
 """
 
 from __future__ import annotations
@@ -15,9 +21,16 @@ from typing import Any
 
 import pandas as pd
 
+from stepscope.analyzers.generation import (
+    generation_summary,
+    is_generation,
+    timed_requests,
+    token_latencies,
+)
 from stepscope.analyzers.stacks import stack_summary
 from stepscope.analyzers.step_stats import summarize_steps
 from stepscope.analyzers.trace_report import TraceReport
+from stepscope.store.calibration import Calibration, cached_calibration
 from stepscope.types import JobContext
 
 LEVELS = ("samples", "stacks", "steps", "trace")
@@ -35,6 +48,15 @@ class Evidence:
     # Set when the step timer was in the job but recorded no step: there is nothing to
     # diagnose, and this says why (the diagnosis then has no findings).
     no_steps: str | None = None
+    # A generation run: its requests (``store.requests``), their summary
+    # (``generation.generation_summary``) and the decoded tokens of the timed requests
+    # (``generation.token_latencies``); None for any other run.
+    requests: pd.DataFrame | None = None
+    generation: dict[str, Any] | None = None
+    timed: pd.DataFrame | None = None  # ``generation.timed_requests``: the timed ones
+    tokens: pd.DataFrame | None = None
+    # The host's measured bandwidth for a CPU generation run (None: not calibrated).
+    calibration: Calibration | None = None
 
     def per_step(self, total: float) -> float:
         """A total over the whole trace (kernel time, kernel count) per step and rank."""
@@ -187,6 +209,9 @@ def gather(store: Any, run_id: int, report: TraceReport | None = None) -> Eviden
     stacks = stack_summary(store.stack_samples(run_id))
     if stacks is not None and stacks["ddp"] and context.ddp is None:
         context.ddp = True  # seen on the stacks of an attached job
+    generation: dict[str, Any] = {}
+    if is_generation(steps):
+        generation = _generation(store, run_id, steps, run, context)
     if report is not None:
         level = "trace"
     elif summary is not None:
@@ -205,7 +230,67 @@ def gather(store: Any, run_id: int, report: TraceReport | None = None) -> Eviden
         system=system,
         trace=report,
         run=run,
+        **generation,
     )
+
+
+def _generation(
+    store: Any, run_id: int, steps: pd.DataFrame, run: dict[str, Any], context: JobContext
+) -> dict[str, Any]:
+    """A generation run's requests, summary, timed tokens and (CPU) calibration; the
+    settings of its generate() calls go into the context's facts."""
+    requests = store.requests(run_id)
+    if "generation" not in context.facts:
+        context.facts = {**context.facts, "generation": generation_facts(requests)}
+    calibration = None
+    if context.cuda is not True:
+        calibration = host_calibration(store.home, run, context)
+    timed = timed_requests(requests, steps)
+    return {
+        "requests": requests,
+        "generation": generation_summary(requests, steps),
+        "timed": timed,
+        "tokens": token_latencies(timed),
+        "calibration": calibration,
+    }
+
+
+def generation_facts(requests: pd.DataFrame) -> dict[str, Any]:
+    """What the requests say about how the job generates, for the fixes' requirements:
+    ``sources`` ('generate', 'loop'), ``rows`` (the most rows of one request),
+    ``greedy`` (every generate() call without sampling or beams; None where none was
+    seen), ``use_cache`` (False if a call turned it off), ``cache_implementation``,
+    ``prompt_lookup`` and ``assistant`` (a call already used them)."""
+    rows = requests[["source", "meta"]].itertuples(index=False) if len(requests) else ()
+    generate = [r.meta for r in rows if r.source == "generate" and isinstance(r.meta, dict)]
+    greedy = None
+    if generate:
+        greedy = all(not m.get("do_sample") and int(m.get("num_beams") or 1) == 1 for m in generate)
+    caches = [m["cache_implementation"] for m in generate if m.get("cache_implementation")]
+    return {
+        "sources": sorted(set(requests["source"].dropna())) if len(requests) else [],
+        "rows": int(requests["rows"].fillna(1).max()) if len(requests) else None,
+        "greedy": greedy,
+        "use_cache": (not any(m.get("use_cache") is False for m in generate)) if generate else None,
+        "cache_implementation": caches[0] if caches else None,
+        "prompt_lookup": any(m.get("prompt_lookup_num_tokens") for m in generate),
+        "assistant": any(m.get("assistant") for m in generate),
+    }
+
+
+def host_calibration(home: Any, run: dict[str, Any], context: JobContext) -> Calibration | None:
+    """The calibration of the run's host (``stepscope calibrate``) at the job's thread
+    count, else its entry with the most threads. Bandwidth does not depend on the matmul
+    dtype an entry was measured for: the job's dtype is tried first, then any."""
+    host = run.get("host") or None
+    threads = context.settings.get("threads")
+    dtypes = [context.model.get("param_dtype"), "float32", "bfloat16", "float16"]
+    for dtype in dict.fromkeys(d for d in dtypes if d):
+        for count in dict.fromkeys((threads, None)):
+            found = cached_calibration(home, dtype, count, host=host)
+            if found is not None:
+                return found
+    return None
 
 
 def step_timer_ran(run: dict[str, Any]) -> bool:

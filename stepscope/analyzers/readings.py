@@ -35,6 +35,12 @@ def gpu_util_samples(ev: Evidence) -> float | None:
     return None if value is None else value / 100.0
 
 
+def model_phase(ev: Evidence) -> str:
+    """Where the model's own work is: forward and backward in a training job, the forward
+    alone in a job that never ran backward (inference, generation)."""
+    return "forward" if ev.context.training is False else "forward+backward"
+
+
 def process_cpu(ev: Evidence, stat: str) -> tuple[float | None, str]:
     """The process tree's CPU % (``stat``: mean, p95) and how to say it: what it asked
     for (CPU it got plus time its threads waited for a core) where the sampler read the

@@ -18,6 +18,7 @@ from stepscope.analyzers.readings import (
     gpu_util_trace,
     has_gpu_trace,
     kernel_time_share,
+    model_phase,
     optimizer_finding_share,
     outlier_note,
     pct,
@@ -177,7 +178,7 @@ def device_compute(ev: Evidence) -> Finding | None:
             0.8 if util >= GPU_UTIL_BUSY else 0.65,
             evidence,
             weight=PRODUCTIVE_WEIGHT,
-            phase="forward+backward",
+            phase=model_phase(ev),
         )
     if ev.trace is not None:
         classes = cpu_classes(ev)
@@ -206,7 +207,7 @@ def device_compute(ev: Evidence) -> Finding | None:
             0.8,
             evidence,
             weight=PRODUCTIVE_WEIGHT,
-            phase="forward+backward",
+            phase=model_phase(ev),
         )
     # No trace: the step time that is not data wait is compute of some kind.
     data, _ = data_wait(ev)
@@ -284,7 +285,7 @@ def device_compute(ev: Evidence) -> Finding | None:
         confidence,
         evidence,
         weight=PRODUCTIVE_WEIGHT,
-        phase="forward+backward",
+        phase=model_phase(ev),
     )
 
 

@@ -8,7 +8,8 @@ Three of its habits cost time or results, each a plain ``Evidence -> Finding | N
   ``no_grad``): autograd records a graph nobody uses, and fused inference paths stay off;
 * ``inference_train_mode``: the model is in training mode with dropout or batch norm
   layers: its outputs are not the model's predictions (a warning: share, no weight);
-* ``small_batch``: one sample per step in a loop that is not waiting for data.
+* ``small_batch``: one sample per step in a loop that is not waiting for data (not in a
+  generation job, whose steps are requests: ``rules_generation.decode_batch_one``).
 
 Compute-bound inference (GEMMs, convolutions) is ``rules_compute.device_compute``'s, whose
 fixes include the inference ones (int8 quantisation on the CPU, CUDA graphs).
@@ -148,8 +149,8 @@ def samples_per_step(ev: Evidence) -> tuple[float | None, str]:
 
 
 def small_batch(ev: Evidence) -> Finding | None:
-    if inference_facts(ev) is None:
-        return None
+    if inference_facts(ev) is None or ev.generation is not None:
+        return None  # a generation job batches prompts, not a DataLoader (rules_generation)
     batch, source = samples_per_step(ev)
     if batch is None or batch > SMALL_BATCH_MAX:
         return None

@@ -13,6 +13,7 @@ from stepscope.analyzers.readings import (
     cpu_classes,
     has_gpu_trace,
     kernel_time_share,
+    model_phase,
     optimizer_finding_share,
     pct,
     roofline_split,
@@ -76,7 +77,7 @@ def memory_bandwidth(ev: Evidence) -> Finding | None:
         0.8 if fraction >= 0.5 else 0.6,
         evidence,
         weight=PRODUCTIVE_WEIGHT,
-        phase="forward+backward",
+        phase=model_phase(ev),
     )
 
 

@@ -65,3 +65,38 @@ INFERENCE_GRAD_WEIGHT = 1.0
 # the step there (``fixes/larger_batch.py``'s removes).
 SMALL_BATCH_MAX = 1.0
 SMALL_BATCH_WEIGHT = 0.7
+# Generation (``rules_generation``): a run whose steps are requests.
+# No KV cache: the decode forwards' own times fit against the context length they
+# computed over (Theil-Sen over the per-position medians, so that one request slowed by a
+# neighbour does not bend the line). With a cache a decode step computes one new token
+# (its cost nearly flat in the context: attention over the cache is a small part of it
+# until the context is several times the model's width); without one it recomputes the
+# whole context, so its cost grows in proportion. A finding needs a trend over at least
+# 8 positions, the position explaining half the variance of the medians (r^2), and the
+# fit's last position 1.5x its first: a cached GPT-2 decode on this project's CPU stays
+# within noise of flat (growth ~1.0x), a nanoGPT-style loop over 2..100 tokens of context
+# grows 5-10x.
+NO_CACHE_MIN_POSITIONS = 8
+NO_CACHE_MIN_R2 = 0.5
+NO_CACHE_MIN_GROWTH = 1.5
+# Recomputing the context is waste, not work: the time a cache gives back can all go
+# (its share is that time, from the fit), so it ranks at its full share, as waiting does.
+NO_CACHE_WEIGHT = 1.0
+# Decode at batch size 1: requests of one row whose decode (after what a cache would give
+# back) is most of the request time. Each decode step reads every weight for one token;
+# batching reads them once for the batch. Issue 22, measured by hand: 8 prompts in one
+# generate() call gave 3.3x tokens/s with identical greedy tokens on a 6-layer GPT-2 on a
+# CPU, i.e. 70 % of the per-token time gone: the weight ``larger_batch`` uses too.
+DECODE_MIN = 0.5
+DECODE_BATCH_WEIGHT = 0.7
+# Decode against the roof: bytes read per decoded token over its time, as a fraction of
+# the memory bandwidth (the host's STREAM triad, ``stepscope calibrate``, or the GPU's
+# datasheet figure). Memory-bound kernels reach 60-80 % of STREAM bandwidth in practice
+# (McCalpin's STREAM results; the roofline paper's measured ceilings), so from half of it
+# on the token waits on reading the weights; far below it, on per-call overhead.
+DECODE_ROOF_NEAR = 0.5
+# Long prompts: the prefill (the first forward, over the whole prompt) takes 30 % of the
+# request time or more. It is compute-bound work (the prompt's tokens in one batch), with
+# fixes of its own (fused attention), which matter once it is a third of the request;
+# below that the decode's fixes come first. Productive work: PRODUCTIVE_WEIGHT.
+LONG_PREFILL_MIN = 0.3

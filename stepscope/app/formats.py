@@ -88,3 +88,9 @@ def speed_caption(speed: Speed) -> str:
     if speed.step_time is not None:
         text += f". Median step time: {speed.step_time.describe()}"
     return text + " (warm-up and profiled steps left out, each run resampled on its own)."
+
+
+def guarded(result: dict[str, Any]) -> str:
+    """What an experiment's quality guard judged, in a word: a generation job's generated
+    tokens, an inference job's outputs, a training job's loss (``optim_runner/guard.py``)."""
+    return {"tokens": "tokens", "outputs": "outputs"}.get(result.get("guard") or "", "loss")

@@ -31,6 +31,8 @@ from stepscope.collectors import contract
 from stepscope.errors import one_line_error
 
 _state: _Bootstrap | None = None
+# transformers' generate() lives here; imported lazily by transformers itself
+GENERATION_MODULE = "transformers.generation.utils"
 
 
 def install() -> None:
@@ -64,6 +66,7 @@ class _Bootstrap:
         self.pid = os.getpid()
         self._writer: Any = None
         self.timer: Any = None
+        self.applier: Any = None  # the plan's installer (fixes/install.py), in a trial
         self._prev_excepthook: Any = None
         self._interrupted = False
 
@@ -74,7 +77,11 @@ class _Bootstrap:
         if "torch" in sys.modules:
             self.on_torch_imported()
         else:
-            sys.meta_path.insert(0, _TorchImportHook(self.on_torch_imported))
+            sys.meta_path.insert(0, _ImportHook("torch", self.on_torch_imported))
+        if GENERATION_MODULE in sys.modules:
+            self.on_generation_imported()
+        else:
+            sys.meta_path.insert(0, _ImportHook(GENERATION_MODULE, self.on_generation_imported))
 
     def writer(self) -> Any:
         if self._writer is None:
@@ -109,7 +116,7 @@ class _Bootstrap:
             # local: runs inside the user's job, only when the plan asks for it
             from stepscope.fixes.install import install_plan
 
-            install_plan(self.plan_path, self.writer)
+            self.applier = install_plan(self.plan_path, self.writer)
         try:
             # local: the step timer and the capture are for processes that import torch;
             # every other process of the job loads the bootstrap alone
@@ -143,12 +150,36 @@ class _Bootstrap:
                 self.writer().log("warning", "bootstrap", f"step timer disabled: {exc!r}")
         if self.plan_path and not _is_launcher_agent():
             # after the step timer: its hooks run first, so a step ends before the copy
-            # local: an inference trial's outputs, only when the plan asks for them
-            from stepscope.collectors.output_record import install_from_plan
+            # local: a trial's outputs (an inference job's, a generation job's tokens and
+            # prompts), only when the plan asks for them
+            from stepscope.collectors.generation import TOKENS_FILE  # local: same
+            from stepscope.collectors.generation_sweep import plan_settings  # local: same
+            from stepscope.collectors.output_record import (  # local: same
+                calls_wanted,
+                install_from_plan,
+            )
 
             recorder = install_from_plan(self.plan_path, self.run_dir, self.writer)
             if recorder is not None:
                 atexit.register(recorder.at_exit)  # before the writer closes
+            if self.timer is not None and self.run_dir:
+                # a generation trial's outputs are its generated tokens (the first requests')
+                gen = self.timer.gen
+                gen.record = calls_wanted(self.plan_path)
+                gen.tokens_path = os.path.join(self.run_dir, TOKENS_FILE)
+                gen.record_prompts, gen.sweep = plan_settings(self.plan_path)
+                gen.run_dir = self.run_dir
+
+    def on_generation_imported(self) -> None:
+        """transformers' generation module is loaded: its generate() calls are requests."""
+        if os.getpid() != self.pid or self.timer is None:
+            return
+        # local: only for jobs that import transformers' generation
+        from stepscope.collectors import generate_patch
+
+        generate_patch.install()
+        if self.applier is not None:  # a trial: the plan's generation fixes see each call
+            generate_patch.add_kwargs_hook(self.applier.on_generate)
 
     def _record_device_info(self) -> None:
         """Called by the step timer at its first step, once the rank is known."""
@@ -192,19 +223,20 @@ class _Bootstrap:
             (self._prev_excepthook or sys.__excepthook__)(exc_type, exc, tb)
 
 
-class _TorchImportHook(importlib.abc.MetaPathFinder):
-    """Runs a callback right after ``import torch`` has finished executing.
+class _ImportHook(importlib.abc.MetaPathFinder):
+    """Runs a callback right after the module ``name`` has finished executing.
 
-    It finds torch's spec through the other finders and wraps the loader's
-    exec_module on that one spec, so torch itself is imported exactly as before.
+    It finds the module's spec through the other finders and wraps the loader's
+    exec_module on that one spec, so the module itself is imported exactly as before.
     """
 
-    def __init__(self, callback: Any) -> None:
+    def __init__(self, name: str, callback: Any) -> None:
+        self.name = name
         self.callback = callback
         self.done = False
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != "torch" or self.done:
+        if name != self.name or self.done:
             return None
         self.done = True
         with contextlib.suppress(ValueError):
@@ -227,7 +259,7 @@ class _TorchImportHook(importlib.abc.MetaPathFinder):
             try:
                 callback()
             except Exception as exc:
-                _say(f"step timer disabled ({type(exc).__name__}: {exc})")
+                _say(f"{name} hook disabled ({type(exc).__name__}: {exc})")
 
         spec.loader.exec_module = exec_module
         return spec

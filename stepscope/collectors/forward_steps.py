@@ -85,8 +85,18 @@ class ForwardSteps:
                 self._activity()
             if "model" not in self.facts.facts:
                 self.facts.on_top_forward(module, args)
+            try:
+                # a forward of a generation request (generation_steps.py): a token, not a step
+                generation = self._generation_pre(module, args)
+            except StepLimitReached:
+                tls.depth = depth  # the call does not happen
+                raise
             # (the first iteration's forward is held: it ran before any backward)
-            if (self._fwd_since_boundary or self._pending_fwd) and self._updates_by_hand():
+            if (
+                not generation
+                and (self._fwd_since_boundary or self._pending_fwd)
+                and self._updates_by_hand()
+            ):
                 anchor = self._fwd_anchor() if self._fwd_anchor is not None else None
                 if module is anchor and self._torch.is_grad_enabled():
                     try:
@@ -118,7 +128,9 @@ class ForwardSteps:
                 anchor = self._fwd_anchor() if self._fwd_anchor is not None else None
                 if anchor is None:
                     self._fwd_anchor = weakref.ref(module)
-                elif anchor is not module:
+                if self._generation_post(module):
+                    return  # a request's forward: its step ends with the request
+                if anchor is not None and anchor is not module:
                     return
                 grad = self._torch.is_grad_enabled()
                 # how the step ran (grad mode, train mode): the inference findings' facts

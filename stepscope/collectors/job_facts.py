@@ -125,6 +125,31 @@ def optimizer_facts(optimizer: Any) -> dict[str, Any]:
     }
 
 
+def _generation_facts(model: Any, params: list[Any]) -> dict[str, Any]:
+    """What a generation finding reads off a Hugging Face model's config: its attention
+    implementation (SDPA is a fix where it is eager) and the KV cache's bytes per token
+    (2 x layers x KV heads x head size x element size: the decode's memory traffic
+    besides the weights). Nothing for a model without such a config."""
+    config = getattr(model, "config", None)
+    if config is None or not params:
+        return {}
+    out: dict[str, Any] = {}
+    attn = getattr(config, "_attn_implementation", None)
+    if isinstance(attn, str):
+        out["attn_implementation"] = attn
+    try:
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        layers = int(getattr(text, "num_hidden_layers", None) or text.n_layer)
+        heads = int(getattr(text, "num_attention_heads", None) or text.n_head)
+        hidden = int(getattr(text, "hidden_size", None) or text.n_embd)
+        kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(text, "head_dim", None) or hidden // heads)
+        out["kv_bytes_per_token"] = 2 * layers * kv_heads * head_dim * params[0].element_size()
+    except (AttributeError, TypeError, ValueError, ZeroDivisionError):
+        pass
+    return out
+
+
 def model_facts(module: Any, args: Any) -> dict[str, Any]:
     import torch  # local: see the note on torch
     from torch import nn  # local: see the note on torch
@@ -162,6 +187,7 @@ def model_facts(module: Any, args: Any) -> dict[str, Any]:
         "grad_enabled": torch.is_grad_enabled(),
         "inference_mode": torch.is_inference_mode_enabled(),
     }
+    out.update(_generation_facts(inner, params))
     first = next((a for a in (args or ()) if isinstance(a, torch.Tensor)), None)
     if first is not None:
         out["input_shape"] = list(first.shape)

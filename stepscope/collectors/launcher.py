@@ -266,7 +266,7 @@ def _finalise(
     error: str | None = None
     user_stop = signals.received is not None
     if returncode == 0:
-        if run.get("stop_reason") == "max_steps":
+        if run.get("stop_reason") in ("max_steps", "sweep"):  # stepscope ended it
             status = "stopped"
         elif user_stop:
             status = "interrupted"

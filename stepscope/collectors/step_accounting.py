@@ -248,6 +248,8 @@ class StepAccounting:
         """At exit or at the step limit: write everything still held back."""
         if self._final:
             return
+        if not self.inert:
+            self._finalize_generation()
         try:
             pending = self._fwd_since_boundary or self._pending_fwd
             if pending and self._updates_by_hand() and not self.inert:

@@ -7,7 +7,8 @@ Where a step ends, in order of precedence:
   with several optimizers, at the last one of an iteration (``optimizer_steps.py``).
 * the end of an outermost ``nn.Module`` call (forward mode, for inference and for
   jobs that update their parameters by hand), through torch's global forward hooks
-  (``forward_steps.py``).
+  (``forward_steps.py``); in a text-generation job, the end of a request (a
+  ``generate()`` call, a decode loop's run over one prompt: ``generation_steps.py``).
 
 ``StepTimer`` is one object per process, made of those parts and of
 ``step_accounting.py`` (rows written, captures and the limit between steps, the end
@@ -37,6 +38,7 @@ from typing import Any
 from stepscope.collectors.batch_count import BatchCounter
 from stepscope.collectors.cuda_timing import CudaTiming
 from stepscope.collectors.forward_steps import ForwardSteps
+from stepscope.collectors.generation_steps import GenerationSteps
 from stepscope.collectors.job_facts import JobFacts
 from stepscope.collectors.optimizer_steps import OptimizerSteps
 from stepscope.collectors.step_accounting import (
@@ -66,7 +68,7 @@ def set_current(timer: StepTimer | None) -> None:
     _timer = timer
 
 
-class StepTimer(OptimizerSteps, ForwardSteps, StepAccounting):
+class StepTimer(OptimizerSteps, ForwardSteps, GenerationSteps, StepAccounting):
     """Step detection and per-step accounting for one process (one rank)."""
 
     def __init__(
@@ -114,6 +116,7 @@ class StepTimer(OptimizerSteps, ForwardSteps, StepAccounting):
         self._after_capture = 0
         self._init_optimizer_steps()
         self._init_forward_steps()
+        self._init_generation()
         self._tls = threading.local()
         self._handles: list[Any] = []
         self._fwd_handles: list[Any] = []

@@ -5,8 +5,8 @@ whether it changes numerics, how to tell it is in effect, its predicted gain and
 sources, and the hooks through which the analyzers (``advise``), the plan
 (``choose_params``), the in-job installer (``install.py``) and the experiment
 (``took_effect``) use it. This module is the catalog: the list of those modules, in the
-order advice is given (most direct first, by area: input pipeline, inference, precision,
-compute, memory, distributed). Adding a fix is one new module, listed here, plus its test.
+order advice is given (most direct first, by area: input pipeline, inference, text
+generation, precision, compute, memory, distributed). Adding a fix is one new module, listed here, plus its test.
 
 Typical gains are quoted only with their source; where none is quoted the prediction
 is the Amdahl bound from the finding's share alone (``analyzers.recommend.predict``).
@@ -34,11 +34,17 @@ from stepscope.fixes import (
     gradient_checkpointing,
     inference_mode,
     int8_dynamic_quant,
+    kv_cache,
     larger_batch,
     non_blocking_copies,
     persistent_workers,
     pin_memory,
     prefetch_factor,
+    prompt_lookup,
+    sdpa_attention,
+    speculative_decoding,
+    static_cache,
+    static_cache_compile,
     tf32,
     torch_compile,
 )
@@ -54,6 +60,13 @@ MODULES = (
     # inference: autograd off, the model's eval mode
     inference_mode,
     eval_mode,
+    # text generation: the KV cache, generate()'s own settings, the model's attention
+    kv_cache,
+    static_cache,
+    static_cache_compile,
+    sdpa_attention,
+    prompt_lookup,
+    speculative_decoding,
     # lower-precision arithmetic
     bf16_autocast,
     fp16_grad_scaler,

@@ -9,8 +9,8 @@ above call instead of switching on its id:
   evidence (the thread count to try; only the syncs' own time can be won back);
 * ``choose_params`` (optim_runner, ``plan``): its parameters for this run, with why;
 * the in-job hooks (``install.py``): ``set_global``, ``on_loader``, ``on_model``,
-  ``ddp_kwargs``/``after_ddp``, ``patch``; or ``env`` for a fix the runner applies
-  through the job's environment;
+  ``ddp_kwargs``/``after_ddp``, ``on_generate`` (every outer ``generate()`` call),
+  ``patch``; or ``env`` for a fix the runner applies through the job's environment;
 * ``took_effect`` (optim_runner, ``experiment``): did the trial's job show it?
 
 Hooks receive the analyzers' evidence and the plan's context as plain objects (typed
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepscope.fixes.points import Change, LoaderCall, ModelCall
+from stepscope.fixes.points import Change, GenerateCall, LoaderCall, ModelCall
 from stepscope.fixes.requirements import MUST_BE_SEEN, REQUIREMENTS
 from stepscope.types import Finding, JobContext
 
@@ -65,6 +65,7 @@ ModelHook = Callable[[ModelCall, dict[str, Any]], None]
 DdpKwargsHook = Callable[[dict[str, Any]], dict[str, Any]]
 AfterDdpHook = Callable[[Any, dict[str, Any]], Change]  # (the DDP module, params)
 PatchHook = Callable[[Any, Any, dict[str, Any]], None]  # (installer, torch, params)
+GenerateHook = Callable[[GenerateCall, dict[str, Any]], None]
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,7 @@ class Fix:
     on_model: ModelHook | None = None
     ddp_kwargs: DdpKwargsHook | None = None
     after_ddp: AfterDdpHook | None = None
+    on_generate: GenerateHook | None = None
     patch: PatchHook | None = None
 
     @property

@@ -21,7 +21,10 @@ called for the plan's fixes in catalog order:
   torch.compile of its forward, and for inference jobs inference_mode and eval() (hooks
   of the model's own) and dynamic int8 quantisation of its Linear/LSTM layers;
 * global settings (TF32, cudnn.benchmark, thread count) at import and again at the
-  model's first call, in case the script set them in between.
+  model's first call, in case the script set them in between;
+* every outer ``generate()`` call (``on_generate``, ``install_generate.py``): its
+  arguments (a static cache, compiling its decode step, prompt lookup, a draft model)
+  and the model's attention implementation.
 
 A value the user's code passed explicitly is replaced when the plan says
 ``override_explicit`` (the experiment's default: the user asked to try the fix, and
@@ -52,7 +55,14 @@ from typing import Any
 
 from stepscope import fixes as catalog
 from stepscope.fixes.base import Fix
-from stepscope.fixes.points import Change, LoaderCall, ModelCall, wrapped_forward
+from stepscope.fixes.install_generate import GeneratePoint
+from stepscope.fixes.points import (
+    Change,
+    LoaderCall,
+    ModelCall,
+    global_module_hooks_off,
+    wrapped_forward,
+)
 
 # Top-level module calls looked at before the model search gives up: global hooks run on
 # every module call of the training step, so they must not stay when nothing matches.
@@ -67,7 +77,7 @@ def load_plan(path: str) -> dict[str, Any]:
     return plan
 
 
-class PlanApplier:
+class PlanApplier(GeneratePoint):
     """Installs the plan's patches in this process and reports what they changed."""
 
     def __init__(self, plan: dict[str, Any], writer: Callable[[], Any]) -> None:
@@ -90,6 +100,7 @@ class PlanApplier:
         self._hooks: list[Any] = []
         self._tls = threading.local()
         self._autocast_ctx: Any = None
+        self._init_generate()
 
     def _with(self, hook: str) -> list[tuple[Fix, dict[str, Any]]]:
         """The plan's fixes that act at this point (``hook``: a Fix hook's name)."""
@@ -351,7 +362,7 @@ class PlanApplier:
             args=args,
             torch=torch,
         )
-        with _global_module_hooks_off(torch):
+        with global_module_hooks_off(torch):
             for fix, params in self._with("on_model"):
                 call.fix = fix.id
                 try:
@@ -366,22 +377,6 @@ class PlanApplier:
                 module.forward, torch, call.channels_last, call.autocast_dtype, call.device.type
             )
         return call.new_args
-
-
-@contextlib.contextmanager
-def _global_module_hooks_off(torch: Any) -> Any:
-    """Fixes may call modules (quantisation's observers): the step timer's global hooks
-    must not take those calls for the job's (an observer would become the step's anchor)."""
-    module_mod = torch.nn.modules.module
-    tables = [module_mod._global_forward_pre_hooks, module_mod._global_forward_hooks]
-    saved = [dict(table) for table in tables]
-    for table in tables:
-        table.clear()
-    try:
-        yield
-    finally:
-        for table, entries in zip(tables, saved, strict=True):
-            table.update(entries)
 
 
 def install_plan(path: str, writer: Callable[[], Any]) -> PlanApplier | None:

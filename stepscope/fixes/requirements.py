@@ -80,6 +80,56 @@ def _mode_dependent(ctx: JobContext) -> bool | None:
     return bool(model["mode_dependent"]) if "mode_dependent" in model else None
 
 
+def _generation(ctx: JobContext) -> dict[str, Any] | None:
+    """How the job generates (``facts["generation"]``: what its requests showed), or
+    None where the job is known to make no request ({}) or nothing is known (None)."""
+    if not ctx.facts:
+        return None
+    return ctx.facts.get("generation") or {}
+
+
+def _generate_call(ctx: JobContext) -> bool | None:
+    """Its requests are Hugging Face ``generate()`` calls (where the in-job hook acts)."""
+    gen = _generation(ctx)
+    return None if gen is None else "generate" in (gen.get("sources") or [])
+
+
+def _greedy(ctx: JobContext) -> bool | None:
+    """Its generate() calls decode greedily (no sampling, one beam): the tokens are
+    the argmax at each step, so a lossless fix must give the same tokens."""
+    gen = _generation(ctx)
+    return None if gen is None or not gen else gen.get("greedy")
+
+
+def _one_row(ctx: JobContext) -> bool | None:
+    """One prompt per generate() call: assisted generation (prompt lookup, a draft
+    model) takes one row (transformers raises on more)."""
+    gen = _generation(ctx)
+    rows = None if gen is None else gen.get("rows")
+    return None if rows is None else rows <= 1
+
+
+def _kv_cache_on(ctx: JobContext) -> bool | None:
+    """Its generate() calls keep a KV cache (no ``use_cache=False``)."""
+    gen = _generation(ctx)
+    return None if gen is None or not gen else gen.get("use_cache")
+
+
+def _not_generation(ctx: JobContext) -> bool | None:
+    """The job makes no generation request: compiling a whole forward whose sequence grows
+    by one token a call recompiles it again and again (``static_cache_compile`` is the
+    generation job's compile: a fixed-size cache, one graph)."""
+    gen = _generation(ctx)
+    return None if gen is None else not gen
+
+
+def _eager_attention(ctx: JobContext) -> bool | None:
+    """The model runs transformers' eager attention (its ``config._attn_implementation``,
+    where the job's model facts carry it)."""
+    impl = ctx.model.get("attn_implementation")
+    return None if impl is None else impl == "eager"
+
+
 # Requirement name -> check. The names are what a Fix lists in ``requires``.
 REQUIREMENTS: dict[str, Callable[[JobContext], bool | None]] = {
     "cuda": _cuda,
@@ -102,10 +152,22 @@ REQUIREMENTS: dict[str, Callable[[JobContext], bool | None]] = {
     "inference": _inference,
     "linear_or_lstm": _quantizable,
     "dropout_or_batchnorm": _mode_dependent,
+    "generate_call": _generate_call,
+    "greedy_decoding": _greedy,
+    "one_row_requests": _one_row,
+    "kv_cache_on": _kv_cache_on,
+    "eager_attention": _eager_attention,
+    "not_generation": _not_generation,
+    # a path given to `stepscope optimize --draft-model`: not a fact of the job, so never
+    # known from it (the plan passes it; the job's hook says so where it is missing)
+    "draft_model": lambda c: None,
 }
 
 
 # A specific set-up must have been seen to advise on it: "replace DataParallel" to a
-# job nobody saw use DataParallel is noise. Generic ones (CUDA, a DataLoader) may be
-# unknown: the advice then says which requirement it could not check.
-MUST_BE_SEEN = frozenset({"ddp", "dataparallel"})
+# job nobody saw use DataParallel is noise, and so is "switch to SDPA" to a model nobody
+# saw run eager attention (transformers' default is SDPA). A draft model is never seen in
+# the job: speculative decoding is tried only when the user names one (the plan's path).
+# Generic ones (CUDA, a DataLoader) may be unknown: the advice then says which
+# requirement it could not check.
+MUST_BE_SEEN = frozenset({"ddp", "dataparallel", "eager_attention", "draft_model"})

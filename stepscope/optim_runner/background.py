@@ -32,7 +32,7 @@ from stepscope.optim_runner.experiment import (
     run_experiment,
 )
 from stepscope.optim_runner.output_guard import check_limits
-from stepscope.optim_runner.sweep import DEFAULT_FACTORS, SWEEP_KIND, check_sweepable, run_sweep
+from stepscope.optim_runner.sweep import SWEEP_KIND, check_sweepable, run_sweep
 from stepscope.optim_runner.sweep_figures import FIX_ID
 from stepscope.store import RunStore
 from stepscope.store.liveness import signalable_pid
@@ -52,6 +52,7 @@ def start_experiment(
     keep_explicit: bool = False,
     output_tolerance: float | None = None,
     min_agreement: float | None = None,
+    draft_model: str | None = None,
 ) -> int:
     """Start an experiment in a background process; returns its id at once.
 
@@ -63,7 +64,7 @@ def start_experiment(
     check_size(steps, trials)
     check_limits(output_tolerance, min_agreement)
     with RunStore(home) as store:
-        planned = planning.choose_fixes(store, baseline_run_id, fixes, allow_numerics)
+        planned = planning.choose_fixes(store, baseline_run_id, fixes, allow_numerics, draft_model)
         if not planned:
             raise ValueError(f"no automatic fix is recommended for run {baseline_run_id}")
         config = {
@@ -75,6 +76,7 @@ def start_experiment(
             "keep_explicit": keep_explicit,
             "output_tolerance": output_tolerance,  # the output guard's (inference jobs)
             "min_agreement": min_agreement,
+            "draft_model": draft_model,
         }
         return _spawn(store, baseline_run_id, config)
 
@@ -83,7 +85,7 @@ def start_sweep(
     home: str | os.PathLike[str],
     baseline_run_id: int,
     *,
-    factors: list[int] | tuple[int, ...] = DEFAULT_FACTORS,
+    factors: list[int] | tuple[int, ...] | None = None,
     steps: int = DEFAULT_STEPS,
     trials: int = DEFAULT_TRIALS,
     timeout_s: float | None = None,
@@ -96,7 +98,7 @@ def start_sweep(
         config = {
             "kind": SWEEP_KIND,
             "sweep": "batch",
-            "factors": sorted({int(f) for f in factors} | {1}),
+            "factors": sorted({int(f) for f in factors} | {1}) if factors else None,
             "fixes": [FIX_ID],
             "steps": steps,
             "trials": trials,
@@ -181,13 +183,14 @@ def main(argv: list[str] | None = None) -> int:
                 "keep_explicit": bool(cfg.get("keep_explicit")),
                 "output_tolerance": cfg.get("output_tolerance"),
                 "min_agreement": cfg.get("min_agreement"),
+                "draft_model": cfg.get("draft_model"),
                 "experiment_id": args.experiment,
             }
             if cfg.get("kind") == SWEEP_KIND:
                 run = run_sweep
                 options = {
                     "baseline_run_id": int(row["baseline_run_id"]),
-                    "factors": cfg.get("factors") or DEFAULT_FACTORS,
+                    "factors": cfg.get("factors"),
                     "steps": int(cfg.get("steps") or DEFAULT_STEPS),
                     "trials": int(cfg.get("trials") or DEFAULT_TRIALS),
                     "timeout_s": cfg.get("timeout_s"),

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from stepscope.analyzers.generation import is_generation
 from stepscope.optim_runner import plan as planning
 from stepscope.optim_runner.contention import contention
 from stepscope.optim_runner.output_guard import DEFAULT_RECORDED_CALLS, check_limits, is_inference
@@ -95,6 +96,7 @@ def run_experiment(
     keep_explicit: bool = False,
     output_tolerance: float | None = None,
     min_agreement: float | None = None,
+    draft_model: str | None = None,
 ) -> dict[str, Any]:
     """Run an experiment on ``baseline_run_id`` in the foreground; returns its result.
 
@@ -114,12 +116,14 @@ def run_experiment(
     baseline_run = store.run(baseline_run_id)
     if not baseline_run.get("command"):
         raise ValueError(f"run {baseline_run_id} has no recorded command to re-run")
-    planned = planning.choose_fixes(store, baseline_run_id, fixes, allow_numerics)
+    planned = planning.choose_fixes(store, baseline_run_id, fixes, allow_numerics, draft_model)
     if not planned:
         raise ValueError(
             f"no automatic fix is recommended for run {baseline_run_id}; "
             "name fixes to try explicitly"
         )
+    generation = is_generation(store.steps(baseline_run_id))
+    answers_by_output = generation or is_inference(store, baseline_run_id)
     config = {
         "fixes": [f.id for f in planned],
         "steps": steps,
@@ -129,11 +133,14 @@ def run_experiment(
         "tolerance": tolerance,
         "seed": seed,
         "keep_explicit": keep_explicit,
+        "draft_model": draft_model,
         "command": baseline_run["command"],
         "cwd": baseline_run["cwd"],
         "planned": [f.to_json() for f in planned],
-        # an inference job is guarded by its outputs, not by a loss (output_guard.py)
-        "record_outputs": DEFAULT_RECORDED_CALLS if is_inference(store, baseline_run_id) else None,
+        # an inference job is guarded by its outputs, a generation job by its generated
+        # tokens, not by a loss (output_guard.py, token_guard.py)
+        "record_outputs": DEFAULT_RECORDED_CALLS if answers_by_output else None,
+        "generation": generation,
         "output_tolerance": output_tolerance,
         "min_agreement": min_agreement,
     }
@@ -243,7 +250,13 @@ class _Runner(TrialLoop):
             "trials": self.config["trials"],
             "timeout_s": self.timeouts.current([]),  # per trial; + allowance to compile
             "tolerance": self.config["tolerance"],
-            "guard": "outputs" if self.config.get("record_outputs") else "loss",
+            "guard": (
+                "tokens"
+                if self.config.get("generation")
+                else "outputs"
+                if self.config.get("record_outputs")
+                else "loss"
+            ),
             "output_tolerance": self.config.get("output_tolerance"),
             "min_agreement": self.config.get("min_agreement"),
             "seed": self.config["seed"],

@@ -33,6 +33,12 @@ SLOW_START_ALLOWANCE_S = 300.0
 def trial_error(store: Any, run: dict[str, Any]) -> str | None:
     """Why a trial run cannot be used; None when it ran its steps."""
     if run["status"] in ("completed", "stopped"):
+        if run.get("stop_reason") == "sweep":
+            # a generation sweep's trial: its batches are all timed (it warms up apart)
+            requests = store.requests(run["id"])
+            if requests.empty or not (requests["status"] == "done").any():
+                return "no request finished (the sweep's batches)"
+            return None
         if len(timed_step_times(store.steps(run["id"]))) < 2:
             return "too few steps recorded (does the job train, and for long enough?)"
         return None

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from stepscope.analyzers.latency import is_inference as inference_steps
-from stepscope.optim_runner.quality import NOISE_FACTOR, QualityCheck, check_quality, loss_series
+from stepscope.optim_runner.quality import NOISE_FACTOR, QualityCheck
 from stepscope.store.artifacts import kind_files
 
 DEFAULT_OUTPUT_TOLERANCE = 1e-2  # largest relative difference of regression outputs
@@ -219,31 +219,6 @@ def check_outputs(
     )
 
 
-def guard_candidate(
-    store: Any,
-    baseline_runs: list[int],
-    candidate_runs: list[int],
-    tolerance: float,
-    limits: dict[str, Any] | None = None,
-) -> QualityCheck:
-    """The guard for one candidate: on its outputs when the baseline trials recorded
-    outputs (an inference job), else on its losses (``quality.check_quality``).
-
-    ``limits``: ``output_tolerance`` and ``min_agreement`` (None: the defaults).
-    """
-    base_outputs = [load_outputs(store, r) for r in baseline_runs]
-    if any(o is not None for o in base_outputs):
-        limits = limits or {}
-        return check_outputs(
-            [o or [] for o in base_outputs],
-            [load_outputs(store, r) or [] for r in candidate_runs],
-            tolerance=_or(limits.get("output_tolerance"), DEFAULT_OUTPUT_TOLERANCE),
-            min_agreement=_or(limits.get("min_agreement"), DEFAULT_MIN_AGREEMENT),
-        )
-    losses = [loss_series(store.steps(r)) for r in baseline_runs]
-    return check_quality(losses, [loss_series(store.steps(r)) for r in candidate_runs], tolerance)
-
-
 def check_limits(output_tolerance: float | None, min_agreement: float | None) -> None:
     """One line for a limit out of range (ValueError)."""
     if output_tolerance is not None and not output_tolerance >= 0:
@@ -276,7 +251,6 @@ __all__ = [
     "check_limits",
     "check_outputs",
     "compare",
-    "guard_candidate",
     "is_inference",
     "load_outputs",
 ]

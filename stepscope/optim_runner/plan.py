@@ -103,17 +103,23 @@ def recommended(store: Any, run_id: int) -> list[FixAdvice]:
     return list(best.values())
 
 
+# The fix a draft model is for (``choose_fixes``'s ``draft_model``).
+DRAFT_FIX = "speculative_decoding"
+
+
 def choose_fixes(
     store: Any,
     run_id: int,
     fix_ids: list[str] | None = None,
     allow_numerics: bool = False,
+    draft_model: str | None = None,
 ) -> list[PlannedFix]:
     """The fixes to try on ``run_id`` with their parameters.
 
     ``fix_ids``: the user's choice (validated against the catalog: an unknown id, a fix
     that needs a code change, or one that needs consent without ``allow_numerics`` is a
-    ValueError); by default the recommended auto fixes.
+    ValueError); by default the recommended auto fixes. ``draft_model``: a smaller model
+    sharing the tokenizer (``--draft-model PATH``): speculative decoding is tried with it.
     """
     recs = {r.id: r for r in recommended(store, run_id)}
     if fix_ids is None:
@@ -132,8 +138,13 @@ def choose_fixes(
                     f"{fix_id} changes what the model computes; allow it explicitly "
                     "(--allow-numerics)"
                 )
+    if draft_model is not None:
+        if not os.path.exists(draft_model):
+            raise ValueError(f"--draft-model {draft_model}: no such file or folder")
+        ids = list(dict.fromkeys([*ids, DRAFT_FIX]))
     run = store.run(run_id)
     context = PlanContext(store, run_id, run, ids, recs)
+    context.draft_model = draft_model
     planned = []
     for fix_id in ids:
         fix = catalog.get(fix_id)
@@ -181,6 +192,7 @@ class PlanContext:
         self.loader_has_workers = self.loader_workers > 0
         self.settings: dict[str, Any] = (run.get("facts") or {}).get("settings") or {}
         self._wait: LoaderWait | None = None
+        self.draft_model: str | None = None  # ``--draft-model`` (speculative decoding)
 
     @property
     def wait(self) -> LoaderWait:

@@ -29,8 +29,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from stepscope.analyzers.generation import is_generation
 from stepscope.optim_runner.contention import contention
 from stepscope.optim_runner.experiment import DEFAULT_STEPS, DEFAULT_TRIALS, check_size
+from stepscope.optim_runner.generation_sweep import (
+    DEFAULT_BATCH_SIZES,
+    check_generation_sweepable,
+    run_generation_sweep,
+)
 from stepscope.optim_runner.output_guard import is_inference
 from stepscope.optim_runner.plan import PlannedFix
 from stepscope.optim_runner.sweep_figures import (
@@ -65,6 +71,8 @@ def parse_factors(text: str | None) -> list[int]:
 
 def check_sweepable(store: Any, run_id: int) -> dict[str, Any]:
     """The run, when a batch sweep can re-run it; else ValueError saying why (one line)."""
+    if is_generation(store.steps(run_id)):
+        return check_generation_sweepable(store, run_id)
     run = store.run(run_id)
     if not run.get("command"):
         raise ValueError(f"run {run_id} has no recorded command to re-run")
@@ -84,7 +92,7 @@ def check_sweepable(store: Any, run_id: int) -> dict[str, Any]:
 def run_sweep(
     store: Any,
     baseline_run_id: int,
-    factors: list[int] | tuple[int, ...] = DEFAULT_FACTORS,
+    factors: list[int] | tuple[int, ...] | None = None,
     steps: int = DEFAULT_STEPS,
     trials: int = DEFAULT_TRIALS,
     timeout_s: float | None = None,
@@ -94,9 +102,25 @@ def run_sweep(
     experiment_id: int | None = None,
 ) -> dict[str, Any]:
     """Run the sweep in the foreground; returns its result (also stored as the
-    experiment's). ValueError: nothing to sweep; KeyboardInterrupt: stopped."""
+    experiment's). ValueError: nothing to sweep; KeyboardInterrupt: stopped.
+
+    ``factors``: the batch multipliers (None: the default); for a generation run, the
+    batch sizes its requests are generated at (``generation_sweep.py``; ``steps`` is
+    then the number of the job's requests recorded and replayed)."""
     check_size(steps, trials)
-    factors = sorted({int(f) for f in factors} | {1})
+    if is_generation(store.steps(baseline_run_id)):
+        return run_generation_sweep(
+            store,
+            baseline_run_id,
+            factors or DEFAULT_BATCH_SIZES,
+            prompts=steps,
+            trials=trials,
+            timeout_s=timeout_s,
+            progress=progress,
+            seed=seed,
+            experiment_id=experiment_id,
+        )
+    factors = sorted({int(f) for f in (factors or DEFAULT_FACTORS)} | {1})
     base = check_sweepable(store, baseline_run_id)
     config = {
         "kind": SWEEP_KIND,

@@ -38,6 +38,7 @@ class Arm:
     failure: str | None = None  # 'crash' | 'oom' | 'hang'
     failed_run: int | None = None
     not_applied: list[dict[str, str]] = field(default_factory=list)  # [{"fix", "why"}]
+    plan: dict[str, Any] = field(default_factory=dict)  # more for its plan file (a sweep's)
 
     @property
     def fix_ids(self) -> list[str]:
@@ -116,12 +117,15 @@ def launch_trial(
         output_path=OUTPUT_LOG,
         timeout_s=timeout_s,
         quiet=True,
-        plan=planning.plan_document(
-            arm.fixes,
-            seed=config["seed"],
-            override_explicit=not config.get("keep_explicit", False),
-            record_outputs=config.get("record_outputs"),
-        ),
+        plan={
+            **planning.plan_document(
+                arm.fixes,
+                seed=config["seed"],
+                override_explicit=not config.get("keep_explicit", False),
+                record_outputs=config.get("record_outputs"),
+            ),
+            **arm.plan,
+        },
     )
     upload_run_file(store, run_id, OUTPUT_LOG, "log")  # to STEPSCOPE_ARTIFACTS, if set
     return run_id

@@ -27,12 +27,13 @@ from typing import Any
 import numpy as np
 
 from stepscope import fixes as catalog
+from stepscope.analyzers.generation import is_generation
 from stepscope.analyzers.recommend import predict
 from stepscope.analyzers.step_stats import summarize_steps
 from stepscope.optim_runner.bound_check import above_bound_note
 from stepscope.optim_runner.failures import not_applied_error
+from stepscope.optim_runner.guard import guard_candidate
 from stepscope.optim_runner.latency_compare import latency_ratios
-from stepscope.optim_runner.output_guard import guard_candidate
 from stepscope.optim_runner.plan import PlannedFix
 from stepscope.optim_runner.stats import SpeedupCI, sec_per_sample, speedup_ci, timed_step_times
 from stepscope.optim_runner.trials import Arm
@@ -69,12 +70,17 @@ class Figures:
 
 
 def figures(store: Any, runs: list[int]) -> Figures:
-    """Timed step times of an arm's trials pooled; warm-up left out of each trial."""
+    """Timed step times of an arm's trials pooled; warm-up left out of each trial.
+
+    A generation job's throughput is in tokens: each step (a request) counts its new
+    tokens as its samples, so "samples/s" is tokens/s there."""
     times, per_sample, batches, warmups = [], [], [], []
     for run_id in runs:
         steps = store.steps(run_id)
         if steps.empty:
             continue
+        if is_generation(steps):
+            steps = tokens_as_samples(steps, store.requests(run_id))
         times.append(timed_step_times(steps))
         summary = summarize_steps(steps)
         warmups.append((summary["warmup_steps"], summary["warmup_time_s"]))
@@ -87,6 +93,22 @@ def figures(store: Any, runs: list[int]) -> Figures:
         sps = np.concatenate(per_sample)
     batch = float(np.median(batches)) if batches and len(batches) == len(times) else None
     return Figures(pooled, sps, batch, warmups)
+
+
+def tokens_as_samples(steps: Any, requests: Any) -> Any:
+    """A generation run's steps with each request's new tokens as its batch size (None
+    where a step has no finished request: then throughput is not compared)."""
+    if requests is None or requests.empty:
+        return steps.assign(batch_size=None)
+    done = requests[requests["status"] == "done"].dropna(subset=["step"])
+    tokens = {
+        (int(r), int(s)): n
+        for r, s, n in zip(done["rank"], done["step"], done["new_tokens"], strict=True)
+    }
+    counts = [
+        tokens.get((int(r), int(s))) for r, s in zip(steps["rank"], steps["step"], strict=True)
+    ]
+    return steps.assign(batch_size=counts)
 
 
 def _ci(
@@ -175,7 +197,8 @@ def evaluate(
     # ratio is reported beside it.
     headline, basis = step_ci, "step_time"
     if sps_ci is not None:
-        headline, basis = sps_ci, "samples_per_s"
+        generation = is_generation(store.steps(ref.runs[0])) if ref.runs else False
+        headline, basis = sps_ci, "tokens_per_s" if generation else "samples_per_s"
     if headline is None:
         out["status"] = "failed"
         out["error"] = "too few timed steps to compare (raise --steps)"
@@ -186,7 +209,8 @@ def evaluate(
         verdict=headline.verdict,
         speedup_basis=basis,
     )
-    quality = guard_candidate(store, baseline.runs, arm.runs, tolerance, limits)
+    lossless = all(not catalog.get(f).changes_numerics for f in arm.fix_ids if f in catalog.FIXES)
+    quality = guard_candidate(store, baseline.runs, arm.runs, tolerance, limits, lossless)
     out["quality_ok"] = quality.ok
     out["quality"] = quality.to_json()
     return out

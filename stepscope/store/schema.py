@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 # Statuses a run can have. "running" is the only non-final one; a run whose launcher
 # vanished without finalising is turned into "lost" on the next read.
@@ -182,6 +182,37 @@ CREATE TABLE IF NOT EXISTS run_members (
 );
 CREATE INDEX IF NOT EXISTS run_members_run ON run_members(run_id);
 
+-- The requests of a text-generation job (collectors/generation.py): one row per outer
+-- call (a `generate()` call, or a hand-written decode loop's run over one prompt), each
+-- also one step of the run (``step``). Written when the request starts ('running', so a
+-- job killed mid-request leaves it marked) and again when it ends.
+CREATE TABLE IF NOT EXISTS requests (
+    run_id          INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    rank            INTEGER NOT NULL DEFAULT 0,
+    request         INTEGER NOT NULL,       -- 0-based, per rank
+    step            INTEGER,                -- the step it is (steps.step); NULL until it ends
+    source          TEXT NOT NULL,          -- 'generate' | 'loop'
+    status          TEXT NOT NULL,          -- 'running' | 'done' | 'error'
+    start_s         REAL NOT NULL,          -- unix seconds: the call (generate) or the prefill
+    end_s           REAL,
+    rows            INTEGER,                -- sequences generated together (batch rows)
+    prompt_tokens   INTEGER,                -- over all rows, padding left out
+    new_tokens      INTEGER,                -- over all rows, up to each row's end of sequence
+    positions       INTEGER,                -- new tokens of the longest row
+    ttft_s          REAL,                   -- start to the first new token
+    prefill_s       REAL,                   -- the first forward of the model
+    decode_s        REAL,                   -- its other forwards
+    forwards        INTEGER,                -- calls of the model
+    peak_rss_bytes  REAL,                   -- the process's RSS at its highest during the request
+    peak_cuda_bytes REAL,                   -- torch.cuda.max_memory_allocated over the request
+    profiled        INTEGER NOT NULL DEFAULT 0,
+    tokens          TEXT NOT NULL DEFAULT '[]',  -- JSON [[position, start offset s, seconds], ...]
+                                                 -- per forward after the prefill
+    meta            TEXT NOT NULL DEFAULT '{}',  -- JSON: settings seen (do_sample, use_cache,
+                                                 -- num_beams, the loop's code line, error, ...)
+    PRIMARY KEY (run_id, rank, request)
+);
+
 -- Which process is which rank of a run (for the distributed view across hosts).
 CREATE TABLE IF NOT EXISTS run_ranks (
     run_id      INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
@@ -251,4 +282,5 @@ ALTER TABLE runs ADD COLUMN "user" TEXT;
 ALTER TABLE runs ADD COLUMN run_group TEXT;
 ALTER TABLE samples ADD COLUMN host TEXT;
 """,  # + the run_members and run_ranks tables
+    6: "",  # the requests table (generation jobs)
 }

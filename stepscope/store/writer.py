@@ -22,7 +22,8 @@ FLUSH_INTERVAL_S = 1.0
 
 
 class BufferedWriter:
-    """Collects steps, samples, artifacts and log lines; commits them from a thread.
+    """Collects steps, requests, samples, artifacts and log lines; commits them from a
+    thread.
 
     ``before_flush`` callbacks run on the flush thread just before each commit; the
     step timer uses one to resolve CUDA events without synchronising the job.
@@ -51,6 +52,7 @@ class BufferedWriter:
         self._run_updates: deque[tuple[str, dict[str, Any]]] = deque()
         self._step_deletions: deque[int] = deque()  # from_step, applied after inserts
         self._ranks: deque[tuple[int, str, int | None]] = deque()
+        self._requests: deque[dict[str, Any]] = deque()
         self._store: RunStore | None = None
         self.before_flush: list[Callable[[], None]] = []
         self._lock = threading.Lock()  # serialises flushes, not appends
@@ -64,6 +66,11 @@ class BufferedWriter:
     def add_step(self, row: dict[str, Any]) -> None:
         row.setdefault("rank", self.rank)
         self._steps.append(row)
+
+    def add_request(self, row: dict[str, Any]) -> None:
+        """A generation request's row (again when it ends: the later row replaces it)."""
+        row.setdefault("rank", self.rank)
+        self._requests.append(row)
 
     def delete_steps_from(self, from_step: int) -> None:
         """Drop this rank's rows from ``from_step`` on, after the buffered steps land."""
@@ -120,7 +127,10 @@ class BufferedWriter:
             updates = _drain(self._run_updates)
             deletions = _drain(self._step_deletions)
             ranks = _drain(self._ranks)
-            if not (steps or samples or artifacts or events or updates or deletions or ranks):
+            requests = _drain(self._requests)
+            if not (
+                steps or samples or artifacts or events or updates or deletions or ranks or requests
+            ):
                 return
             try:
                 if self._store is None:
@@ -129,6 +139,7 @@ class BufferedWriter:
                 for rank, host, pid in ranks:
                     store.register_rank(self.run_id, rank, host, pid)
                 store.add_steps(self.run_id, steps)
+                store.add_requests(self.run_id, requests)
                 for from_step in deletions:
                     store.delete_steps(self.run_id, self.rank, from_step)
                 store.add_samples(self.run_id, samples)
@@ -161,6 +172,7 @@ class BufferedWriter:
                 self._run_updates.extendleft(reversed(updates))
                 self._step_deletions.extendleft(reversed(deletions))
                 self._ranks.extendleft(reversed(ranks))
+                self._requests.extendleft(reversed(requests))
                 if self._store is not None:
                     with contextlib.suppress(Exception):
                         self._store.close()

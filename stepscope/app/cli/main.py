@@ -155,15 +155,23 @@ def build_parser() -> argparse.ArgumentParser:
         "(default 0.99)",
     )
     opt.add_argument(
+        "--draft-model",
+        metavar="PATH",
+        help="generation jobs: a smaller model sharing the tokenizer (a from_pretrained "
+        "folder); speculative decoding is tried with it, greedy tokens must stay the same",
+    )
+    opt.add_argument(
         "--sweep",
         choices=("batch",),
-        help="instead of fixes: re-run an inference job at several batch sizes and report "
-        "throughput and p99 latency per batch size (no --allow-numerics needed)",
+        help="instead of fixes: re-run an inference job at several batch sizes (a generation "
+        "job: its own requests' prompts, batched) and report throughput and p99 latency per "
+        "batch size (no --allow-numerics needed)",
     )
     opt.add_argument(
         "--batch-factors",
         metavar="F,...",
-        help="with --sweep batch: factors of the job's batch size (default 1,2,4,8)",
+        help="with --sweep batch: factors of the job's batch size (default 1,2,4,8); for a "
+        "generation job the batch sizes (default 1,2,4,8,16), and --steps the requests replayed",
     )
     opt.add_argument("--json", action="store_true", help="print JSON")
 
@@ -314,6 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 min_agreement=args.min_agreement,
                 sweep=args.sweep,
                 batch_factors=args.batch_factors,
+                draft_model=args.draft_model,
             )
         if args.verb == "demo":
             from stepscope.app.cli.dashboard import bind_refusal  # local: see above

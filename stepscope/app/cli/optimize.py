@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from stepscope.app.applied import not_applied_text
 from stepscope.app.cli import term
 from stepscope.app.cli.term import esc, say
-from stepscope.app.formats import fmt_ci, fmt_ratio
+from stepscope.app.formats import fmt_ci, fmt_ratio, guarded
 from stepscope.app.ownership import rerun_refusal
 from stepscope.optim_runner.experiment import ExperimentError, run_experiment
 from stepscope.store import RunStore
@@ -38,6 +38,7 @@ def cmd_optimize(
     min_agreement: float | None = None,
     sweep: str | None = None,
     batch_factors: str | None = None,
+    draft_model: str | None = None,
 ) -> int:
     if sweep is not None:
         # local: the sweep's module is for --sweep only
@@ -61,6 +62,7 @@ def cmd_optimize(
             keep_explicit=keep_explicit,
             output_tolerance=output_tolerance,
             min_agreement=min_agreement,
+            draft_model=draft_model,
         ),
     )
     if result is None:
@@ -194,8 +196,7 @@ def render(result: dict[str, Any], console: Any) -> None:
         console.print(f"[dim]{explicit}[/dim]")
     table = term.table(title="Candidates", title_justify="left")
     inference = any(c.get("latency") for c in result["candidates"])  # p50/p99 ratios
-    guarded = "outputs" if result.get("guard") == "outputs" else "loss"  # inference: outputs
-    for col in ("candidate", "fixes", "status", "speed-up", "95 % CI", "verdict", guarded):
+    for col in ("candidate", "fixes", "status", "speed-up", "95 % CI", "verdict", guarded(result)):
         table.add_column(col)
     for col in ("p50 latency", "p99 latency") if inference else ():
         table.add_column(col)
@@ -239,7 +240,10 @@ def render(result: dict[str, Any], console: Any) -> None:
             f"({fmt_ci(best['ci'], none='-')}, {how})"
         )
     else:
-        console.print("[bold]No fix measured faster with the loss kept: keep the job as it is.[/]")
+        console.print(
+            f"[bold]No fix measured faster with the {guarded(result)} kept: "
+            "keep the job as it is.[/]"
+        )
 
 
 def _candidate_cells(c: dict[str, Any]) -> tuple[str, ...]:

@@ -3,12 +3,18 @@
 The JSON form is the contract (tests and scripts read it); the tables are the same
 data for people. Both are built from one dict (``run_summary``), so they cannot
 disagree.
+
+A run that served generation requests gets ``generation`` (``generation_summary``: per
+request, never per forward) and no ``latency``: that block reads each step as one
+request, which holds for a classifier's forward steps but would turn a request's tokens
+into hundreds of tiny "requests".
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from stepscope.analyzers.generation import generation_summary
 from stepscope.analyzers.step_stats import summarize_steps
 from stepscope.app.applied import applied_changes, state, trial_label
 from stepscope.app.cli import term
@@ -37,6 +43,12 @@ _LATENCY_ROWS = (
     ("p99_s", "p99"),
     ("max_s", "max"),
     ("mean_s", "mean"),
+)
+# The generation block's distributions: key of ``generation_summary``, label.
+_GENERATION_ROWS = (
+    ("request_s", "request latency"),
+    ("ttft_s", "time to first token"),
+    ("tpot_s", "time per output token"),
 )
 _GPU_SHOWN = (
     ("util_percent", "GPU util %", "pct"),
@@ -79,6 +91,9 @@ def run_summary(store: Any, run_id: int) -> dict[str, Any]:
         "facts": run["facts"],
     }
     out.update(summary)
+    out["generation"] = generation_summary(store.requests(run_id), steps)
+    if out["generation"] is not None:
+        out["latency"] = None  # per-forward figures of a generation run: never (docstring)
     out["warmup"] = {"steps": summary["warmup_steps"], "time_s": summary["warmup_time_s"]}
     out["artifacts"] = [a["path"] for a in art_list]
     out["artifact_details"] = art_list
@@ -146,7 +161,9 @@ def _print_show(d: dict[str, Any]) -> None:
     console.print(head)
     _print_applied(console, d["config"])
 
-    st = term.table(show_header=False, title="steps", title_justify="left")
+    gen = d["generation"]
+    title = "steps (one per request)" if gen and d["steps"] == gen["requests"] else "steps"
+    st = term.table(show_header=False, title=title, title_justify="left")
     st.add_column(style="bold")
     st.add_column(justify="right")
     ranks = d["ranks"]
@@ -166,6 +183,7 @@ def _print_show(d: dict[str, Any]) -> None:
         st.add_row("loss first → last", f"{d['loss_first']:.4g} → {d['loss_last']:.4g}")
     console.print(st)
     _print_latency(console, d["latency"])
+    _print_generation(console, gen, live=d["status"] == "running")
 
     metrics = d["samples"]["metrics"]
     shown = [(k, label, kind) for k, label, kind in _SHOWN_SAMPLES if k in metrics]
@@ -227,6 +245,41 @@ def _print_latency(console: Any, lat: dict[str, Any] | None) -> None:
     console.print(
         f"requests/s {fmt_num(lat['requests_per_s'])} · samples/s {fmt_num(lat['samples_per_s'])}"
     )
+
+
+def _print_generation(console: Any, gen: dict[str, Any] | None, live: bool) -> None:
+    """A run that served generation requests: its requests and tokens, the latency
+    distributions per request (``analyzers/generation.py`` says what each holds), the
+    throughput and the prefill / decode / other split of the request time."""
+    if gen is None:
+        return
+    sources = ", ".join(gen["sources"]) or "-"
+    t = term.table(show_header=False, title=f"generation ({sources})", title_justify="left")
+    t.add_column(style="bold")
+    t.add_column(justify="right")
+    t.add_row("requests", f"{gen['requests']} ({gen['timed_requests']} timed)")
+    if gen["unfinished"]:
+        t.add_row("in flight" if live else "unfinished", str(gen["unfinished"]))
+    if gen["failed"]:
+        t.add_row("failed", str(gen["failed"]))
+    t.add_row("prompt tokens", fmt_num(gen["prompt_tokens"]))
+    t.add_row("new tokens", fmt_num(gen["new_tokens"]))
+    t.add_row("tokens/s", fmt_num(gen["tokens_per_s"]))
+    t.add_row("requests/s", fmt_num(gen["requests_per_s"]))
+    phases = gen["phases"] or {}
+    t.add_row(
+        "prefill / decode / other",
+        " / ".join(fmt_pct(phases.get(k), none="-") for k in ("prefill", "decode", "other")),
+    )
+    console.print(t)
+    d = term.table(title=f"per request ({gen['timed_requests']} timed)", title_justify="left")
+    d.add_column("")
+    for name in ("p50", "p90", "p99", "mean"):
+        d.add_column(name, justify="right")
+    for key, label in _GENERATION_ROWS:
+        figures = gen[key] or {}
+        d.add_row(label, *(fmt_s(figures.get(n)) for n in ("p50", "p90", "p99", "mean")))
+    console.print(d)
 
 
 def _print_applied(console: Any, config: dict[str, Any] | None) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 from stepscope.app.cli import term
 from stepscope.app.cli.optimize import followed
 from stepscope.app.cli.term import esc
-from stepscope.app.formats import fmt_s
+from stepscope.app.formats import fmt_pct, fmt_ratio, fmt_s
 from stepscope.optim_runner.sweep import parse_factors, run_sweep
 
 BAR_WIDTH = 24
@@ -29,7 +29,7 @@ def cmd_sweep(
     as_json: bool,
 ) -> int:
     try:
-        chosen = parse_factors(factors)
+        chosen = parse_factors(factors) if factors else None  # None: the run's kind's default
     except ValueError as exc:
         print(f"stepscope: {exc}", file=sys.stderr)
         return 2
@@ -52,6 +52,9 @@ def cmd_sweep(
 
 def render_sweep(result: dict[str, Any], console: Any) -> None:
     """The sweep's table, one row per batch size, and the knee."""
+    if result.get("generation"):
+        render_generation_sweep(result, console)
+        return
     console.print(
         f"[bold]Batch-size sweep {result['experiment_id']}[/] on run {result['baseline_run']}: "
         f"{result['trials']} trials x {result['steps']} steps per batch size, interleaved"
@@ -77,6 +80,53 @@ def render_sweep(result: dict[str, Any], console: Any) -> None:
             _interval(r.get("samples_per_s_ci"), 1.0),
             _ms(r.get("p50_s"), r.get("p50_ci")),
             _ms(r.get("p99_s"), r.get("p99_ci")),
+            bar + mark,
+        )
+    console.print(table)
+    if knee:
+        console.print(f"[bold]Knee: batch {knee.get('batch_size')}[/] — {esc(knee['why'])}")
+    console.print(f"[dim]{esc(result.get('numerics') or '')}[/dim]")
+    warning = (result.get("contention") or {}).get("warning")
+    if warning:
+        console.print(f"[bold yellow]warning: {esc(warning)}[/]")
+
+
+def render_generation_sweep(result: dict[str, Any], console: Any) -> None:
+    """A generation job's requests batched: tokens/s, latency and the answers kept."""
+    console.print(
+        f"[bold]Batch sweep {result['experiment_id']}[/] on run {result['baseline_run']}: "
+        f"its first {result['prompts']} requests' prompts (recorded by run "
+        f"{result.get('capture_run')}), {result['trials']} trial(s) per batch size"
+    )
+    rows = result["rows"]
+    best = max((r.get("tokens_per_s") or 0.0 for r in rows), default=0.0)
+    table = term.table(title="Per batch size", title_justify="left")
+    for col in ("batch", "tokens/s", "vs batch 1", "request p50", "request p99", "same tokens", ""):
+        table.add_column(col)
+    knee = result.get("knee") or {}
+    for r in rows:
+        if r.get("status") != "completed":
+            why = f"[red]{esc(r.get('status'))}: {esc(r.get('error') or '')}[/]"
+            table.add_row(str(r["batch_size"]), why, "", "", "", "", "")
+            continue
+        tps = r.get("tokens_per_s")
+        bar = "#" * round(BAR_WIDTH * tps / best) if tps and best else ""
+        mark = "  [bold green]<- knee[/]" if r["batch_size"] == knee.get("batch_size") else ""
+        ci = r.get("ci")
+        ratio = "1.00x" if r["batch_size"] == 1 else fmt_ratio(r.get("speedup"))
+        if ci and r["batch_size"] != 1:
+            ratio += f" ({ci[0]:.2f}–{ci[1]:.2f}x)"
+        agreement = r.get("token_agreement")
+        same = "-" if agreement is None else fmt_pct(agreement)
+        if r.get("first_divergence") is not None:
+            same += f" (first at token {r['first_divergence']})"
+        table.add_row(
+            str(r["batch_size"]),
+            f"{tps:.4g}" if tps else "-",
+            ratio,
+            fmt_s(r["request_p50_s"]) if r.get("request_p50_s") is not None else "-",
+            fmt_s(r["request_p99_s"]) if r.get("request_p99_s") is not None else "-",
+            same,
             bar + mark,
         )
     console.print(table)

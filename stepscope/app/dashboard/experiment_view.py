@@ -25,7 +25,7 @@ from stepscope.app.applied import not_applied_text
 from stepscope.app.dashboard import data, ui
 from stepscope.app.dashboard.charts.compare import fix_speedups, step_time_distributions
 from stepscope.app.dashboard.experiment_progress import first_line
-from stepscope.app.formats import fmt_ci, fmt_num, fmt_ratio, fmt_s
+from stepscope.app.formats import fmt_ci, fmt_num, fmt_ratio, fmt_s, guarded
 from stepscope.optim_runner.speed import compare_speed
 from stepscope.optim_runner.stats import timed_step_times
 
@@ -72,8 +72,7 @@ def verdict(result: dict[str, Any]) -> None:
         how = "confirmed in trials of its own" if best.get("confirmed") else "measured"
         st.success(
             f"Keep **{', '.join(best['fixes'])}**: {fmt_ratio(best['speedup'])} the throughput "
-            f"(95 % CI {fmt_ci(best['ci'])}, {how}), with the "
-            f"{'outputs' if result.get('guard') == 'outputs' else 'loss'} kept.",
+            f"(95 % CI {fmt_ci(best['ci'])}, {how}), with the {guarded(result)} kept.",
             icon=":material/check_circle:",
         )
     else:
@@ -83,7 +82,7 @@ def verdict(result: dict[str, Any]) -> None:
             if c.get("speedup") is not None
         ]
         st.info(
-            "No fix measured faster with the loss kept: keep the job as it is."
+            f"No fix measured faster with the {guarded(result)} kept: keep the job as it is."
             + (f" Measured: {'; '.join(measured)}." if measured else ""),
             icon=":material/info:",
         )
@@ -142,8 +141,8 @@ def ablation_table(result: dict[str, Any]) -> None:
                 "95 % CI": fmt_ci(c.get("ci")),
                 "verdict": not_applied_text(c) if skipped else c.get("verdict") or "—",
                 "median step ratio": step.get("ratio"),
-                # an inference job's guard is on its outputs (optim_runner/output_guard.py)
-                ("outputs" if result.get("guard") == "outputs" else "loss"): _quality(c),
+                # the guard's word: tokens, outputs or loss (optim_runner/guard.py)
+                guarded(result): _quality(c),
                 "why": why,
                 "trial runs": ", ".join(f"#{r}" for r in c.get("runs") or []),
                 **_latency_columns(c.get("latency")),

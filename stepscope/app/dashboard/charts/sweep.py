@@ -73,4 +73,60 @@ def sweep_curve(
     )
 
 
-__all__ = ["sweep_curve"]
+def generation_curve(
+    rows: Sequence[Mapping[str, Any]], knee: Mapping[str, Any] | None = None
+) -> go.Figure | None:
+    """A generation sweep: tokens/s (left) and request p99 in ms (right) per batch size;
+    None when no batch size was measured."""
+    done = [r for r in rows if r.get("tokens_per_s") and r.get("batch_size")]
+    if not done:
+        return None
+    x = [int(r["batch_size"]) for r in done]
+    tps = [float(r["tokens_per_s"]) for r in done]
+    p99 = [float(r["request_p99_s"]) * 1000 for r in done]
+    base = next((r["tokens_per_s"] for r in done if r["batch_size"] == 1), None)
+    cis = [
+        [c * base for c in r["ci"]] if base and r.get("ci") and r["batch_size"] != 1 else None
+        for r in done
+    ]
+    fig = go.Figure()
+    fig.add_scatter(
+        x=x,
+        y=tps,
+        name="tokens/s",
+        mode="lines+markers",
+        line={"color": SIDE_COLORS[0]},
+        error_y=_bars(tps, cis, 1.0),
+        hovertemplate="batch %{x}: %{y:.4g} tokens/s<extra></extra>",
+    )
+    fig.add_scatter(
+        x=x,
+        y=p99,
+        name="request p99 (ms)",
+        mode="lines+markers",
+        yaxis="y2",
+        line={"color": SIDE_COLORS[1], "dash": "dot"},
+        hovertemplate="batch %{x}: request p99 %{y:.3g} ms<extra></extra>",
+    )
+    if knee and knee.get("batch_size") in x:
+        fig.add_vline(
+            x=knee["batch_size"],
+            line_dash="dash",
+            line_color="#54A24B",
+            annotation_text=f"knee: batch {knee['batch_size']}",
+        )
+    fig.update_xaxes(title="batch size", type="log", tickvals=x)
+    return layout(
+        fig,
+        360,
+        yaxis={"title": "tokens/s", "rangemode": "tozero"},
+        yaxis2={
+            "title": "request p99 (ms)",
+            "overlaying": "y",
+            "side": "right",
+            "rangemode": "tozero",
+        },
+    )
+
+
+__all__ = ["generation_curve", "sweep_curve"]

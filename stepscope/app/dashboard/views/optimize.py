@@ -14,6 +14,7 @@ import streamlit as st
 from stepscope.app.dashboard import data, ui
 from stepscope.app.dashboard import experiment_progress as progress
 from stepscope.app.dashboard import experiment_view as ev
+from stepscope.app.dashboard import generation_sweep_view as generation
 from stepscope.app.dashboard import inference_view as inference
 from stepscope.app.dashboard import optimize_setup as setup
 from stepscope.store import RunNotFound
@@ -83,12 +84,15 @@ if row is None:
             st.rerun()
     setup.show(home, header, d, busy)
     inference.start_form(home, header, d.steps, busy)  # inference runs only
+    generation.start_form(home, header, d.steps, busy)  # generation runs only
 else:
     ev.header(row)
     if row["status"] == "running":
         progress.running_view(home, row)
     elif row["status"] == "failed":
         progress.failed_view(row)
+    elif inference.is_sweep(row) and (row.get("result") or {}).get("generation"):
+        generation.result_view(row)
     elif inference.is_sweep(row):
         inference.result_view(row)
     else:

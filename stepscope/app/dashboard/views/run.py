@@ -15,6 +15,7 @@ import streamlit as st
 from stepscope.app.dashboard import (
     data,
     findings_view,
+    generation_view,
     nodes_section,
     run_actions,
     stack_data,
@@ -149,6 +150,7 @@ hw.mfu_headline(report)
 with ui.errors_as_one_line():
     found = data.findings(home, run_id)
 findings_view.findings_section(home, run_id, found)
+generation_view.generation_section(home, run_id, live)  # runs that served requests only
 
 if not attached:  # an attached job has no step timer: its stack samples stand in
     st.subheader("Steps")

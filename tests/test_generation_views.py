@@ -1,0 +1,254 @@
+"""A generation run's figures where a user looks: `stepscope show` (JSON and tables), the
+Python API's DataFrames and the Run page's Generation section.
+
+One store is recorded for the module with the real CLI: a Hugging Face job (a GPT-2 from a
+config; three one-prompt requests, one batched request of two prompts, one request that
+raises), a nanoGPT-style decode loop without a KV cache, and a plain inference job
+(forward steps, no requests). Each job prints what it did; the views are held against
+that and against ``analyzers/generation.py`` on the same store. No speed is asserted.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from dashboard_helpers import no_errors, open_page, stepscope, texts
+from streamlit.testing.v1 import AppTest
+
+import stepscope as api
+from stepscope.analyzers.generation import (
+    REQUEST_COLUMNS,
+    TOKEN_COLUMNS,
+    generation_summary,
+    position_profile,
+    timed_requests,
+    token_latencies,
+)
+from stepscope.app.formats import fmt_num, fmt_s
+from stepscope.store import RunStore
+
+pytestmark = pytest.mark.slow
+
+JOBS = {
+    "hf": ("generate_hf.py", "--requests", "3", "--new", "6", "--fail"),
+    "loop": ("decode_loop.py", "--samples", "3", "--new", "12"),
+}
+STATS_KEYS = {"p50", "p90", "p99", "mean"}
+SOURCES = {"hf": ["generate"], "loop": ["loop"]}
+
+
+def _did(stdout: str) -> dict:
+    """What the job says it did: its last ``generated: {json}`` line."""
+    line = next(x for x in reversed(stdout.splitlines()) if x.startswith("generated: "))
+    return json.loads(line.removeprefix("generated: "))
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    home = tmp_path_factory.mktemp("generation_views") / "home"
+    ids, did = {}, {}
+    for name, (script, *args) in JOBS.items():
+        proc = stepscope(
+            home, "run", "--name", name, "--", sys.executable, f"tests/jobs/{script}", *args
+        )
+        did[name] = _did(proc.stdout)
+    stepscope(home, "run", "--name", "infer", "--", sys.executable, "tests/jobs/infer.py")
+    with RunStore(home) as store:
+        ids = {name: store.resolve_run(name) for name in (*JOBS, "infer")}
+    return {"home": home, "ids": ids, "did": did}
+
+
+@pytest.fixture
+def home(recorded: dict, monkeypatch: pytest.MonkeyPatch, _isolated_store: Path) -> Path:
+    """The recorded store as the CLI's and the dashboard's store."""
+    monkeypatch.setenv("STEPSCOPE_HOME", str(recorded["home"]))
+    return recorded["home"]
+
+
+def _stored(home: Path, run_id: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    with RunStore(home) as store:
+        return store.requests(run_id), store.steps(run_id)
+
+
+def _show(home: Path, run_id: int) -> dict:
+    return json.loads(stepscope(home, "show", str(run_id), "--json").stdout)
+
+
+# -- stepscope show ---------------------------------------------------------------------------
+@pytest.mark.parametrize("name", list(JOBS))
+def test_show_json_has_the_generation_block(recorded: dict, name: str) -> None:
+    home, run_id, did = recorded["home"], recorded["ids"][name], recorded["did"][name]
+    shown = _show(home, run_id)
+    gen = shown["generation"]
+    assert gen["requests"] == did["requests"]
+    assert gen["new_tokens"] == did["new_tokens"]
+    assert gen["prompt_tokens"] == did["prompt_tokens"]
+    assert gen["failed"] == did.get("failed", 0) and gen["unfinished"] == 0
+    assert gen["sources"] == SOURCES[name]
+    for key in ("request_s", "ttft_s", "tpot_s"):
+        assert set(gen[key]) == STATS_KEYS
+        assert 0 < gen[key]["p50"] <= gen[key]["p90"] <= gen[key]["p99"]
+    assert gen["tokens_per_s"] > 0 and gen["requests_per_s"] > 0
+    assert gen == generation_summary(*_stored(home, run_id))  # the analyzer's, to the bit
+    assert shown["latency"] is None  # never the per-forward "requests"
+
+
+def test_show_json_of_a_run_without_requests(recorded: dict) -> None:
+    shown = _show(recorded["home"], recorded["ids"]["infer"])
+    assert shown["generation"] is None
+    assert shown["latency"]["count"] > 0  # an inference run keeps its latency block
+
+
+def test_show_text_prints_the_generation_figures(recorded: dict) -> None:
+    home, run_id, did = recorded["home"], recorded["ids"]["hf"], recorded["did"]["hf"]
+    gen = _show(home, run_id)["generation"]
+    out = stepscope(home, "show", str(run_id)).stdout
+    assert "generation (generate)" in out and "latency (inference" not in out
+    assert f"{did['requests']} ({gen['timed_requests']} timed)" in out
+    lines = {line.split("│")[1].strip(): line for line in out.splitlines() if line.count("│") > 2}
+    assert lines["failed"].split("│")[2].strip() == str(did["failed"])
+    assert lines["new tokens"].split("│")[2].strip() == fmt_num(did["new_tokens"])
+    assert lines["tokens/s"].split("│")[2].strip() == fmt_num(gen["tokens_per_s"])
+    for key, label in (
+        ("request_s", "request latency"),
+        ("ttft_s", "time to first token"),
+        ("tpot_s", "time per output token"),
+    ):
+        cells = [c.strip() for c in lines[label].split("│")[2:6]]
+        assert cells == [fmt_s(gen[key][q]) for q in ("p50", "p90", "p99", "mean")]
+    other = stepscope(home, "show", str(recorded["ids"]["infer"])).stdout
+    assert "latency (inference" in other and "generation (" not in other
+
+
+# -- the Python API ---------------------------------------------------------------------------
+@pytest.mark.parametrize("name", list(JOBS))
+def test_api_requests_and_tokens(recorded: dict, name: str) -> None:
+    home, run_id, did = recorded["home"], recorded["ids"][name], recorded["did"][name]
+    stored, steps = _stored(home, run_id)
+    run = api.run(run_id, home=home)
+    requests = run.requests
+    assert list(requests.columns) == REQUEST_COLUMNS
+    assert len(requests) == did["requests"]
+    assert requests["request"].tolist() == list(range(did["requests"]))
+    assert int(requests["new_tokens"].fillna(0).sum()) == did["new_tokens"]
+    done = requests["status"] == "done"
+    assert int((~done).sum()) == did.get("failed", 0)
+    expected = (stored["end_s"] - stored["start_s"]).where(stored["status"] == "done")
+    np.testing.assert_allclose(requests["latency_s"], expected)
+    assert requests.loc[~done, "latency_s"].isna().all()  # a failed request is never timed
+    assert (requests.loc[done, "ttft_s"] < requests.loc[done, "latency_s"]).all()
+
+    tokens = run.tokens
+    assert list(tokens.columns) == TOKEN_COLUMNS
+    per_request = tokens.groupby("request").size()
+    finished = stored[stored["status"] == "done"]
+    assert per_request.to_dict() == dict(
+        zip(finished["request"], finished["forwards"] - 1, strict=True)
+    )  # one row per forward after the prefill
+    for _, rows in tokens.groupby("request"):
+        assert (np.diff(rows["position"]) == 1).all()  # one token further each time
+    assert (tokens["latency_s"] >= tokens["forward_s"] - 1e-4).all()  # a forward, then more
+    assert run.generation == generation_summary(stored, steps)
+
+    report = api.analyze(run_id, home=home)
+    pd.testing.assert_frame_equal(report.requests, requests)
+    pd.testing.assert_frame_equal(report.tokens, tokens)
+    assert report.summary["generation"] == run.generation
+    assert f"requests: {did['requests']}, {did['new_tokens']} new tokens" in repr(report)
+
+
+def test_api_frames_of_a_run_without_requests(recorded: dict) -> None:
+    run = api.run(recorded["ids"]["infer"], home=recorded["home"])
+    assert run.requests.empty and list(run.requests.columns) == REQUEST_COLUMNS
+    assert run.tokens.empty and list(run.tokens.columns) == TOKEN_COLUMNS
+    assert run.generation is None
+    report = run.analyze()
+    assert report.requests.empty and report.tokens.empty
+    assert report.summary["generation"] is None
+
+
+# -- the Run page -----------------------------------------------------------------------------
+def _values(v: object) -> list:
+    """A plotly JSON array: a list, or (numpy data) a base64 typed array."""
+    if isinstance(v, dict) and "bdata" in v:
+        return np.frombuffer(base64.b64decode(v["bdata"]), dtype=v["dtype"]).tolist()
+    return list(v)  # type: ignore[call-overload]
+
+
+def _chart_with(at: AppTest, trace: str) -> dict[str, dict] | None:
+    """The traces, by name, of the first chart on the page that has one named ``trace``
+    (the step charts below have an "other" too)."""
+    for chart in at.get("plotly_chart"):
+        traces = {t.get("name"): t for t in json.loads(chart.proto.spec)["data"]}
+        if trace in traces:
+            return traces
+    return None
+
+
+@pytest.mark.parametrize("name", list(JOBS))
+def test_run_page_generation_section(home: Path, recorded: dict, name: str) -> None:
+    run_id, did = recorded["ids"][name], recorded["did"][name]
+    stored, steps = _stored(home, run_id)
+    gen = generation_summary(stored, steps)
+    at = open_page("run", run=str(run_id))
+    no_errors(at)
+    assert "Generation" in [h.value for h in at.subheader]
+    shown = {m.label: m.value for m in at.metric}
+    assert shown["requests"] == fmt_num(did["requests"])
+    assert shown["tokens/s"] == fmt_num(gen["tokens_per_s"])
+    assert shown["requests/s"] == fmt_num(gen["requests_per_s"])
+    assert shown["TTFT p50"] == fmt_s(gen["ttft_s"]["p50"])
+    assert shown["TPOT p50"] == fmt_s(gen["tpot_s"]["p50"])
+    assert shown["request p99"] == fmt_s(gen["request_s"]["p99"])
+    assert "latency p50" not in shown  # the per-forward latency block: never here
+    page = texts(at)
+    assert f"{fmt_num(did['new_tokens'])} new tokens" in page
+    assert f"{fmt_num(did['prompt_tokens'])} prompt tokens" in page
+    if did.get("failed"):
+        assert any("request(s) raised" in w.value for w in at.warning)
+
+    timed = timed_requests(stored, steps)
+    for trace, column in (
+        ("request latency", "latency_s"),
+        ("time to first token", "ttft_s"),
+        ("time per output token", "tpot_s"),
+    ):  # each distribution over the timed requests, in ms
+        drawn = sorted(_values(_chart_with(at, trace)[trace]["x"]))
+        np.testing.assert_allclose(drawn, np.sort(timed[column].to_numpy() * 1e3))
+    tokens = token_latencies(stored)
+    profile = position_profile(tokens)
+    positions = _chart_with(at, "median inter-token latency")
+    median = positions["median inter-token latency"]
+    assert _values(median["x"]) == profile["position"].astype(float).tolist()
+    np.testing.assert_allclose(_values(median["y"]), profile["latency_s"] * 1e3)
+    np.testing.assert_allclose(
+        _values(positions["median forward time"]["y"]), profile["forward_s"] * 1e3
+    )
+    np.testing.assert_allclose(
+        _values(positions["each request's tokens"]["y"]), tokens["latency_s"] * 1e3
+    )
+    split = _chart_with(at, "prefill")
+    done = stored[stored["status"] == "done"]
+    for phase in ("prefill", "decode"):
+        np.testing.assert_allclose(_values(split[phase]["y"]), done[f"{phase}_s"] * 1e3)
+    assert _values(split["other"]["x"]) == done["request"].astype(str).tolist()
+
+    table = next(df.value for df in at.dataframe if "TTFT" in df.value.columns)
+    assert len(table) == did["requests"]
+    cells = table.astype(str).to_numpy().ravel().tolist()
+    assert not {"nan", "None", "NaN", "<NA>"} & set(cells)  # an unknown figure reads "—"
+
+
+def test_run_page_without_requests_has_no_generation_section(home: Path, recorded: dict) -> None:
+    at = open_page("run", run=str(recorded["ids"]["infer"]))
+    no_errors(at)
+    assert "Generation" not in [h.value for h in at.subheader]
+    shown = {m.label: m.value for m in at.metric}
+    assert "TTFT p50" not in shown and "latency p50" in shown
+    assert _chart_with(at, "median inter-token latency") is None
