@@ -27,15 +27,18 @@ pytest_plugins = ["s3_server", "pg_server"]
 # The files with the longest total time (`pytest --durations=0` on 2 cores), longest
 # first; every other file follows in the usual order. Only the order depends on this.
 LONGEST_FIRST = (
-    "test_dashboard_e2e.py",
-    "test_app_pages.py",
     "test_experiment.py",
+    "test_app_pages.py",
+    "test_generation_optimize.py",
     "test_demo.py",
     "test_attach.py",
+    "test_dashboard_e2e.py",
     "test_examples.py",
     "test_step_timer.py",
-    "test_apply.py",
     "test_corpus.py",
+    "test_apply.py",
+    "test_generation_fixes.py",
+    "test_generation_collect.py",
     "test_multinode.py",
 )
 

@@ -3,10 +3,9 @@
 Each job is ``tests/jobs/gen_fixes.py`` (a GPT-2 from a config, ``generate()`` once per
 prompt) run under the bootstrap with a plan file, as an experiment's trial is; the fixes
 are checked on what the job produced (its greedy tokens, against a run without them)
-and on what it reported as applied (``config["applied"]``, read back). Until the
-bootstrap connects the plan's installer to the generate() wrapper, the probe job
-connects it itself, the same way (its comment says so). The point's refusals are also
-checked in this process, on a real model, where a job per case would only be slower.
+and on what it reported as applied (``config["applied"]``, read back). The point's
+refusals are also checked in this process, on a real model, where a job per case would
+only be slower.
 """
 
 from __future__ import annotations
@@ -201,3 +200,23 @@ def test_an_explicit_argument_is_replaced_or_kept_as_the_plan_says(model) -> Non
     off = applier({"static_cache": {}})
     assert off.on_generate(model, {"use_cache": False}) == {"use_cache": False}
     assert "kv_cache comes first" in off.applied[0]["change"]
+
+
+def test_a_static_cache_and_assisted_generation_are_not_combined(model) -> None:
+    """transformers' assisted generation checks candidate tokens past a static cache's end
+    (an index error inside generate()): the combination is refused, the first fix kept."""
+    one = torch.ones((1, 5), dtype=torch.long)
+    both = applier({"static_cache": {}, "prompt_lookup": {}})
+    assert both.on_generate(model, {"input_ids": one}) == {
+        "input_ids": one,
+        "cache_implementation": "static",
+    }
+    refused = [e["change"] for e in both.applied if e["fix"] == "prompt_lookup"]
+    assert refused == [
+        "not applied: a static cache ends at the answer's length and prompt lookup checks "
+        "tokens past it"
+    ]
+    job_lookup = applier({"static_cache": {}})
+    call = {"input_ids": one, "prompt_lookup_num_tokens": 4}
+    assert job_lookup.on_generate(model, dict(call)) == call
+    assert "assisted generation" in job_lookup.applied[0]["change"]

@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from stepscope.analyzers.device_peaks import match_device
 from stepscope.analyzers.evidence import Evidence
@@ -96,6 +95,10 @@ def context_fit(tokens: pd.DataFrame) -> ContextFit | None:
     profile = tokens.dropna(subset=["forward_s"]).groupby("position")["forward_s"].min()
     if len(profile) < NO_CACHE_MIN_POSITIONS:
         return None
+    # here, not at the top: scipy.stats takes half a second to import, and every CLI
+    # command that shows findings imports this module (most runs decode nothing)
+    from scipy import stats
+
     x = profile.index.to_numpy(dtype=float)
     y = profile.to_numpy(dtype=float)
     if len(x) > MAX_FIT_POINTS:

@@ -35,6 +35,8 @@ def assisted_refusal(call: GenerateCall, what: str) -> str | None:
         return "the call already uses assisted generation"
     if call.setting("use_cache") is False:
         return "the call decodes without a KV cache (use_cache=False): kv_cache comes first"
+    if call.setting("cache_implementation") == "static":
+        return f"a static cache ends at the answer's length and {what} checks tokens past it"
     return None
 
 

@@ -25,6 +25,10 @@ def static_refusal(call: GenerateCall) -> str | None:
         return "the call decodes without a KV cache (use_cache=False): kv_cache comes first"
     if call.kwargs.get("cache") is not None or call.kwargs.get("past_key_values") is not None:
         return "the call passes a cache object of its own"
+    if call.setting("assistant_model") is not None or call.setting("prompt_lookup_num_tokens"):
+        # transformers' assisted generation checks candidate tokens past the static
+        # cache's end (an index error in index_copy_), measured with prompt lookup
+        return "the call uses assisted generation, which checks tokens past a static cache's end"
     supports = getattr(call.model, "_supports_default_dynamic_cache", None)
     if callable(supports) and not supports():
         return f"{type(call.model).__name__} keeps no standard KV cache (transformers ignores it)"

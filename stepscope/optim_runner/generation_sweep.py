@@ -51,6 +51,13 @@ def check_generation_sweepable(store: Any, run_id: int) -> dict[str, Any]:
     return run
 
 
+def samples(requests: Any) -> bool:
+    """Whether the job's generate() calls sample (``do_sample=True`` in a request's meta)."""
+    if requests.empty or "meta" not in requests:
+        return False
+    return any(isinstance(m, dict) and m.get("do_sample") for m in requests["meta"])
+
+
 def run_generation_sweep(
     store: Any,
     baseline_run_id: int,
@@ -127,6 +134,7 @@ class _GenerationSweep(TrialLoop):
         self._rounds("sweep")
         reference = _arm_figures(self.store, self.arms[0].runs, None)
         rows = [self._row(b, a, reference) for b, a in zip(self.sizes, self.arms, strict=True)]
+        sampling = samples(self.store.requests(self.base["id"]))
         return {
             "kind": SWEEP_KIND,
             "sweep": "batch",
@@ -143,7 +151,14 @@ class _GenerationSweep(TrialLoop):
             "rows": rows,
             "knee": generation_knee(rows),
             "knee_share": KNEE_SHARE,
-            "numerics": "batched greedy answers are compared with batch 1's token by token",
+            "sampling": sampling,
+            "numerics": (
+                "the job samples (do_sample=True): a batch draws other random numbers than "
+                "one prompt at a time, so its answers differ by design; the token agreement "
+                "is shown, not judged"
+                if sampling
+                else "batched greedy answers are compared with batch 1's token by token"
+            ),
             "contention": contention([self.store.samples(r) for a in self.arms for r in a.runs]),
         }
 

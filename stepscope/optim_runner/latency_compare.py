@@ -2,7 +2,7 @@
 
 Throughput alone can hide what a serving job cares about: a fix that batches more or
 compiles may raise requests/s and still lengthen the tail. So for inference arms
-(``analyzers/latency.py``: forward steps, no optimizer) each candidate also gets the
+(``analyzers/latency.py``: forward steps, no optimizer; a generation job's requests) each candidate also gets the
 ratio of the baseline's latency percentile to its own (> 1: its requests return sooner),
 over the same pooled timed steps as the step-time ratio (warm-up left out of each trial),
 each with a bootstrap interval (``stats.speedup_ci``; each arm resampled on its own).
@@ -14,15 +14,18 @@ from typing import Any
 
 import numpy as np
 
+from stepscope.analyzers.generation import is_generation
 from stepscope.analyzers.latency import is_inference
 from stepscope.optim_runner.speed import LATENCY_RATIOS
 from stepscope.optim_runner.stats import SpeedupCI, speedup_ci
 
 
 def is_inference_arm(store: Any, runs: list[int]) -> bool:
-    """Did the arm's trials record inference steps (every trial that recorded any)?"""
+    """Did the arm's trials record inference steps (every trial that recorded any)? A
+    generation job's steps are its requests, each as long as the request: their
+    percentiles are its request latency's."""
     recorded = [s for s in (store.steps(r) for r in runs) if not s.empty]
-    return bool(recorded) and all(is_inference(s) for s in recorded)
+    return bool(recorded) and all(is_inference(s) or is_generation(s) for s in recorded)
 
 
 def latency_ratios(

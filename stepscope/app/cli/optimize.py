@@ -185,11 +185,12 @@ def render(result: dict[str, Any], console: Any) -> None:
     stored by an older stepscope still renders.
     """
     base = result["baseline"]
+    unit, median = ("requests", "request") if result.get("guard") == "tokens" else ("steps", "step")
     console.print(
         f"[bold]Experiment {result['experiment_id']}[/] on run {result['baseline_run']}: "
-        f"{result['trials']} trials x {result['steps']} steps per arm, interleaved; "
-        f"baseline median step {_secs(base['step_time_median_s'])}"
-        f" (warm-up: {base['warmup']['steps']} steps excluded)"
+        f"{result['trials']} trials x {result['steps']} {unit} per arm, interleaved; "
+        f"baseline median {median} {_secs(base['step_time_median_s'])}"
+        f" (warm-up: {base['warmup']['steps']} {unit} excluded)"
     )
     explicit = _explicit_line(result.get("keep_explicit"))
     if explicit:

@@ -88,7 +88,7 @@ def result_view(row: dict[str, Any]) -> None:
             icon=":material/check_circle:",
         )
     changed = [r for r in rows if r.get("token_agreement") is not None and r["token_agreement"] < 1]
-    if changed:
+    if changed and not result.get("sampling"):
         sizes = ", ".join(str(r["batch_size"]) for r in changed)
         st.warning(
             f"Batched answers differ from batch 1's at batch size {sizes}: read the "
