@@ -19,7 +19,9 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from streamlit.testing.v1 import AppTest
 
+from stepscope.app.formats import fmt_pct
 from stepscope.collectors.launcher import launch_run
 from stepscope.optim_runner.generation_sweep import samples
 from stepscope.store import RunStore
@@ -27,6 +29,7 @@ from stepscope.store import RunStore
 pytestmark = pytest.mark.slow
 
 JOBS = Path(__file__).resolve().parent / "jobs"
+ENTRY = Path(__file__).resolve().parents[1] / "stepscope" / "app" / "dashboard" / "main.py"
 REQUESTS = 6
 
 
@@ -169,3 +172,32 @@ def test_a_sampling_job_is_told_from_a_greedy_one() -> None:
     assert samples(metas(True, True))
     assert not samples(metas(False, None))
     assert not samples(pd.DataFrame(columns=["meta"]))
+
+
+def test_the_optimize_page_shows_the_generation_sweep(
+    recorded: tuple[Path, int], sweep: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home, run_id = recorded
+    monkeypatch.setenv("STEPSCOPE_HOME", str(home))
+    at = optimize_page(run=str(run_id), experiment=str(sweep["experiment_id"]))
+    table = next(df.value for df in at.dataframe if "same tokens" in df.value)
+    assert list(table["batch size"]) == [1, 2, 4]
+    assert list(table["same tokens"]) == [fmt_pct(1.0)] * 3
+    assert list(table["knee"]).count("◀ knee") == 1
+    assert any(f"batch {sweep['knee']['batch_size']}" in s.value for s in at.success)
+    assert not [w.value for w in at.warning if "Batched answers differ" in w.value]
+    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    curve = next(s for s in specs if any(t.get("name") == "tokens/s" for t in s["data"]))
+    assert curve["data"][0]["x"] == [1, 2, 4]
+    # the form to run another one is there and enabled for this (generate()) run
+    form = optimize_page(run=str(run_id))
+    assert not form.button(key="gen_sweep").disabled
+
+
+def optimize_page(**params: str) -> AppTest:
+    at = AppTest.from_file(str(ENTRY), default_timeout=120)
+    at.run()
+    at.query_params.update(params)
+    at.switch_page("views/optimize.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at

@@ -209,18 +209,24 @@ class _Bootstrap:
             _die_by_sigint()
 
     def _excepthook(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        """The job's own traceback first, then the error into the store: a store that is
+        slow to answer (a busy PostgreSQL, a lock) must not hold back what the user sees
+        (once under load, a Ctrl-C'd job printed nothing for a minute)."""
         if isinstance(exc_type, type) and issubclass(exc_type, KeyboardInterrupt):
             self._interrupted = True
         try:
-            if os.getpid() == self.pid and not _is_launcher_agent():
-                w = self.writer()
-                w.update_run(error=one_line_error(exc_type, exc))
-                self._finalize_timer()
-                w.flush()
-        except Exception:
-            pass
-        finally:
             (self._prev_excepthook or sys.__excepthook__)(exc_type, exc, tb)
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stderr.flush()
+            try:
+                if os.getpid() == self.pid and not _is_launcher_agent():
+                    w = self.writer()
+                    w.update_run(error=one_line_error(exc_type, exc))
+                    self._finalize_timer()
+                    w.flush()
+            except Exception:
+                pass
 
 
 class _ImportHook(importlib.abc.MetaPathFinder):

@@ -15,11 +15,10 @@ import pandas as pd
 import streamlit as st
 
 from stepscope.analyzers.generation import is_generation
-from stepscope.app.dashboard import data, ui
+from stepscope.app.dashboard import data
 from stepscope.app.dashboard.charts.sweep import generation_curve
+from stepscope.app.dashboard.sweep_button import sweep_button
 from stepscope.app.formats import fmt_ci, fmt_pct, fmt_ratio, fmt_s
-from stepscope.app.ownership import refusal
-from stepscope.optim_runner.background import start_sweep
 from stepscope.optim_runner.generation_sweep import DEFAULT_BATCH_SIZES, DEFAULT_PROMPTS
 from stepscope.optim_runner.sweep import parse_factors
 
@@ -50,27 +49,17 @@ def start_form(
             data.one_line(exc).replace("--batch-factors", "batch sizes"), icon=":material/warning:"
         )
         return
-    blocked = refusal(run)  # a shared store holds other people's commands
-    if blocked is None and busy is not None:
-        blocked = f"experiment {busy['id']} on this run is still running"
-    clicked = st.button(
-        "Run the batch sweep",
+    sweep_button(
+        home,
+        run,
+        busy,
+        label="Run the batch sweep",
         key="gen_sweep",
-        icon=":material/stacked_line_chart:",
-        disabled=blocked is not None,
-        help=blocked or f"batch sizes {', '.join(map(str, sizes))}, in the background",
+        what=f"batch sizes {', '.join(map(str, sizes))}",
+        sizes=sizes,
+        steps=int(prompts),
+        trials=int(trials),
     )
-    if not clicked:
-        return
-    try:
-        experiment_id = start_sweep(
-            home, int(run["id"]), factors=sizes, steps=int(prompts), trials=int(trials)
-        )
-    except ValueError as exc:
-        st.error(f"Not started: {data.one_line(exc)}", icon=":material/error:")
-        return
-    ui.set_query(run=int(run["id"]), experiment=experiment_id)
-    st.rerun()
 
 
 def result_view(row: dict[str, Any]) -> None:

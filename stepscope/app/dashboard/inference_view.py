@@ -14,11 +14,10 @@ import pandas as pd
 import streamlit as st
 
 from stepscope.analyzers.latency import is_inference
-from stepscope.app.dashboard import data, ui
+from stepscope.app.dashboard import data
 from stepscope.app.dashboard.charts.sweep import sweep_curve
+from stepscope.app.dashboard.sweep_button import sweep_button
 from stepscope.app.formats import fmt_s
-from stepscope.app.ownership import refusal
-from stepscope.optim_runner.background import start_sweep
 from stepscope.optim_runner.experiment import DEFAULT_TRIALS
 from stepscope.optim_runner.output_guard import DEFAULT_MIN_AGREEMENT, DEFAULT_OUTPUT_TOLERANCE
 from stepscope.optim_runner.sweep import DEFAULT_FACTORS, SWEEP_KIND, parse_factors
@@ -97,27 +96,17 @@ def start_form(
     except ValueError as exc:
         st.warning(data.one_line(exc), icon=":material/warning:")
         return
-    blocked = refusal(run)  # a shared store holds other people's commands
-    if blocked is None and busy is not None:
-        blocked = f"experiment {busy['id']} on this run is still running"
-    clicked = st.button(
-        "Run the batch-size sweep",
+    sweep_button(
+        home,
+        run,
+        busy,
+        label="Run the batch-size sweep",
         key="sweep",
-        icon=":material/stacked_line_chart:",
-        disabled=blocked is not None,
-        help=blocked or f"batch sizes x{', x'.join(map(str, factors))}, in the background",
+        what=f"batch sizes x{', x'.join(map(str, factors))}",
+        sizes=factors,
+        steps=int(n_steps),
+        trials=int(trials),
     )
-    if not clicked:
-        return
-    try:
-        experiment_id = start_sweep(
-            home, int(run["id"]), factors=factors, steps=int(n_steps), trials=int(trials)
-        )
-    except ValueError as exc:
-        st.error(f"Not started: {data.one_line(exc)}", icon=":material/error:")
-        return
-    ui.set_query(run=int(run["id"]), experiment=experiment_id)
-    st.rerun()
 
 
 # -- a finished sweep --------------------------------------------------------------------------
