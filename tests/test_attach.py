@@ -160,12 +160,19 @@ def test_ctrl_c_detaches_and_keeps_the_recording(tmp_path: Path, job: Callable) 
         text=True,
     )
     time.sleep(8)
+    sent = time.time()
     attacher.send_signal(signal.SIGINT)
     stdout, stderr = attacher.communicate(timeout=60)
     assert attacher.returncode == 0, stderr
     result = json.loads(stdout)
     assert result["status"] == "stopped" and result["stop_reason"] == "detached"
-    assert result["stack_samples"] > 100  # 8 s at 20 Hz: the window under way was written on SIGINT
+    assert result["stack_samples"] > 0
+    # the window under way was written on SIGINT: the last one ends at the detach, not at
+    # the 5-second boundary before it (a count would depend on how fast py-spy started)
+    with RunStore(tmp_path) as store:
+        windows = store.stack_samples(int(result["run_id"]))
+    last = windows[windows["t_end"] == windows["t_end"].max()]
+    assert float(last["t_end"].iloc[0]) >= sent - 0.5 and int(last["samples"].sum()) > 0
     assert proc.poll() is None, "detaching must leave the job running"
 
 
