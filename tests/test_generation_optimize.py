@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from dashboard_helpers import no_errors, open_page
 from streamlit.testing.v1 import AppTest
 
 from stepscope.app.formats import fmt_pct
@@ -29,7 +30,6 @@ from stepscope.store import RunStore
 pytestmark = pytest.mark.slow
 
 JOBS = Path(__file__).resolve().parent / "jobs"
-ENTRY = Path(__file__).resolve().parents[1] / "stepscope" / "app" / "dashboard" / "main.py"
 REQUESTS = 6
 
 
@@ -195,9 +195,6 @@ def test_the_optimize_page_shows_the_generation_sweep(
 
 
 def optimize_page(**params: str) -> AppTest:
-    at = AppTest.from_file(str(ENTRY), default_timeout=120)
-    at.run()
-    at.query_params.update(params)
-    at.switch_page("views/optimize.py").run()
-    assert not at.exception, [e.value for e in at.exception]
+    at = open_page("optimize", **params)
+    no_errors(at)
     return at
