@@ -36,6 +36,7 @@ from typing import Any
 import psutil
 
 from stepscope.collectors import gpu_sampler
+from stepscope.collectors import process_readings as read
 from stepscope.store import RunStore
 
 COMMIT_EVERY_S = 1.0
@@ -103,9 +104,9 @@ class ProcessTreeSampler:
                     cpu_s = ct.user + ct.system
                     mem = proc.memory_info()
                     n_threads = proc.num_threads()
-                    io = _io(proc)
-                thread_times = _thread_times(proc)
-                queued = _run_queue_waits(proc.pid)
+                    io = read.io(proc)
+                thread_times = read.thread_times(proc)
+                queued = read.run_queue_waits(proc.pid)
             except _GONE:
                 continue  # vanished between listing and reading: not an error
             alive += 1
@@ -308,51 +309,6 @@ def _commit(
         print(f"stepscope sampler: cannot write samples ({exc})", file=sys.stderr)
         return 0
     return len(rows)
-
-
-def _io(proc: psutil.Process) -> tuple[float, float, float, float] | None:
-    """Read/write bytes at the storage layer and in syscalls (Linux), where readable."""
-    if not hasattr(proc, "io_counters"):
-        return None  # macOS has no per-process I/O counters
-    try:
-        io = proc.io_counters()
-    except (psutil.AccessDenied, NotImplementedError, OSError):
-        # Another user's process, or a platform/kernel without per-process I/O
-        # accounting: no reading this tick, and the I/O metrics are left out.
-        return None
-    return (
-        float(io.read_bytes),
-        float(io.write_bytes),
-        float(getattr(io, "read_chars", io.read_bytes)),
-        float(getattr(io, "write_chars", io.write_bytes)),
-    )
-
-
-def _thread_times(proc: psutil.Process) -> dict[int, float]:
-    """Per-thread CPU seconds: shows a Python main thread pinned at 100 % among idle ones."""
-    try:
-        return {th.id: th.user_time + th.system_time for th in proc.threads()}
-    except (psutil.AccessDenied, NotImplementedError, OSError):
-        # Not readable for this process or platform: the busiest-thread metric is
-        # skipped (its absence is the reading), the other metrics go on.
-        return {}
-
-
-def _run_queue_waits(pid: int) -> dict[int, float] | None:
-    """Seconds each thread of ``pid`` has spent ready to run while waiting for a core
-    (the second field of Linux's schedstat); None where the kernel does not say."""
-    waits: dict[int, float] = {}
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return None
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                waits[int(tid)] = int(f.read().split()[1]) / 1e9
-        except (OSError, ValueError, IndexError):
-            continue  # the thread ended between the listing and the read
-    return waits or None
 
 
 def _cpu_total(times: Any) -> float:
