@@ -77,6 +77,17 @@ def test_dataloader_and_optimizer_fixes_keep_the_losses(tmp_path: Path) -> None:
     assert run["facts"]["dataloaders"][0]["num_workers"] == 2
 
 
+def test_a_helper_process_that_imports_torch_keeps_the_jobs_changes(tmp_path: Path) -> None:
+    """Inductor's compile workers are fresh Pythons with the job's environment: they
+    install the plan too (its seeding), and their record must add to the job's, not
+    replace it (on a GPU a static cache's change was lost so, and its arm refused)."""
+    _, run = probe(tmp_path, {"fused_optimizer": {}}, "--steps", "2", "--helper")
+    done = applied(run)
+    assert done["fused_optimizer"][0].startswith("SGD(fused=True")
+    # each process that imported torch seeded its RNGs, and says so
+    assert done["seed"] == ["RNGs seeded with 0 (the job's own seeding still wins)"] * 2
+
+
 def test_explicit_values_are_overridden_unless_the_plan_keeps_them(tmp_path: Path) -> None:
     """`num_workers=args.workers` with 0 is how scripts are written: trying the fix means
     replacing the value the script set (the log says so); --keep-explicit keeps it."""

@@ -22,6 +22,7 @@ from calibrations import ROUND_CALIBRATION
 from stepscope.analyzers.diagnosis import diagnose, diagnose_run
 from stepscope.analyzers.evidence import Evidence, generation_facts
 from stepscope.analyzers.generation import generation_summary, timed_requests, token_latencies
+from stepscope.analyzers.recommend import recommend
 from stepscope.analyzers.rules_generation import (
     decode_batch_one,
     long_prefill,
@@ -277,6 +278,22 @@ def test_decode_roof_reads_the_gpu_datasheet_or_says_it_has_no_calibration() -> 
     roof = next(e for e in decode_batch_one(with_kv).evidence if "bandwidth floor" in e.text)
     mean_position = np.mean(range(9, 49))  # the cache read at each decoded position
     assert roof.value == pytest.approx((4e7 + 1e5 * mean_position) / 0.002 / 1e9 / 25, abs=1e-4)
+
+
+def test_a_gpu_job_is_advised_the_compiled_static_cache_only() -> None:
+    """On a GPU transformers compiles the decode step whenever the cache is static (seen
+    on an H200: both arms ran compiled): static_cache alone is a CPU's advice."""
+    rows = [request(i, [0.002] * 40, source="generate", use_cache=True) for i in range(3)]
+    advice = {}
+    for cuda in (False, True):
+        found = decode_batch_one(evidence(rows, cuda=cuda))
+        recommend(found, evidence(rows, cuda=cuda))
+        advice[cuda] = ({f.id for f in found.fixes}, {s.id: s.reason for s in found.skipped})
+    assert {"static_cache", "static_cache_compile"} <= advice[False][0]
+    assert "static_cache" not in advice[True][0] and "static_cache_compile" in advice[True][0]
+    assert (
+        "compiles the decode step whenever the cache is static" in advice[True][1]["static_cache"]
+    )
 
 
 def test_long_prefill_edges() -> None:

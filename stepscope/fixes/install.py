@@ -110,13 +110,14 @@ class PlanApplier(GeneratePoint):
     def record(
         self, fix: str, change: str, applied: bool = True, verified: bool | None = None
     ) -> None:
-        self.applied.append(
-            {"fix": fix, "change": change, "applied": applied, "verified": verified}
-        )
+        entry = {"fix": fix, "change": change, "applied": applied, "verified": verified}
+        self.applied.append(entry)
         with contextlib.suppress(Exception):
             w = self._writer()
             w.log("info" if applied else "warning", "apply", f"{fix}: {change}")
-            w.merge_run_json("config", {"applied": list(self.applied)})
+            # appended, not replaced: another process of the job that imports torch
+            # (inductor's compile workers) installs the plan too and records its seeding
+            w.merge_run_json("config", {"applied": [entry]}, appended=("applied",))
 
     def failed(self, fix: str, exc: BaseException) -> None:
         with contextlib.suppress(Exception):

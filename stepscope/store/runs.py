@@ -106,15 +106,27 @@ class RunsTable:
         with self._db.begin() as conn:
             q(conn, f"UPDATE runs SET {', '.join(cols)} WHERE id=:id", vals)
 
-    def merge_run_json(self, run_id: int, column: str, values: dict[str, Any]) -> None:
-        """Merge keys into a JSON column (each rank adds what it learned about its device)."""
+    def merge_run_json(
+        self, run_id: int, column: str, values: dict[str, Any], appended: Sequence[str] = ()
+    ) -> None:
+        """Merge keys into a JSON column (each rank adds what it learned about its device).
+
+        The lists under ``appended`` keys grow instead of being replaced: several processes
+        of one job (ranks, or a helper that imports torch, such as inductor's compile
+        workers) each add their own items, and none erases another's.
+        """
         if column not in _JSON_COLUMNS:
             raise ValueError(f"{column} is not a JSON column")
         with self._db.begin() as conn:
             lock_run(conn, run_id)  # ranks merge at once: read and write under one lock
             text = q(conn, f"SELECT {column} FROM runs WHERE id=:id", {"id": run_id}).scalar()
             current = json.loads(text) if text else {}
-            current.update(values)
+            for key, value in values.items():
+                old = current.get(key)
+                if key in appended and isinstance(old, list):
+                    current[key] = old + list(value)
+                else:
+                    current[key] = value
             q(
                 conn,
                 f"UPDATE runs SET {column}=:v WHERE id=:id",

@@ -49,7 +49,7 @@ class BufferedWriter:
         self._samples: deque[tuple[float, str, str, float | None]] = deque()
         self._artifacts: deque[dict[str, Any]] = deque()
         self._events: deque[dict[str, Any]] = deque()
-        self._run_updates: deque[tuple[str, dict[str, Any]]] = deque()
+        self._run_updates: deque[tuple[str, dict[str, Any], tuple[str, ...]]] = deque()
         self._step_deletions: deque[int] = deque()  # from_step, applied after inserts
         self._ranks: deque[tuple[int, str, int | None]] = deque()
         self._requests: deque[dict[str, Any]] = deque()
@@ -91,13 +91,16 @@ class BufferedWriter:
         """Record which process on which host is ``rank`` (a multi-node job's map)."""
         self._ranks.append((rank, host, pid))
 
-    def merge_run_json(self, column: str, values: dict[str, Any]) -> None:
-        """Merge keys into a JSON column of the run (env, device, config)."""
-        self._run_updates.append((column, values))
+    def merge_run_json(
+        self, column: str, values: dict[str, Any], appended: tuple[str, ...] = ()
+    ) -> None:
+        """Merge keys into a JSON column of the run (env, device, config); the lists under
+        ``appended`` keys are added to (``RunStore.merge_run_json``)."""
+        self._run_updates.append((column, values, appended))
 
     def update_run(self, **fields: Any) -> None:
         """Set plain columns of the run, e.g. ``stop_reason='max_steps'`` or ``error=...``."""
-        self._run_updates.append(("", fields))
+        self._run_updates.append(("", fields, ()))
 
     # -- flushing ---------------------------------------------------------------------
     def _loop(self) -> None:
@@ -151,9 +154,9 @@ class BufferedWriter:
                     store.log_event(
                         self.run_id, e["level"], e["source"], e["message"], rank=self.rank, t=e["t"]
                     )
-                for column, values in updates:
+                for column, values, appended in updates:
                     if column:
-                        store.merge_run_json(self.run_id, column, values)
+                        store.merge_run_json(self.run_id, column, values, appended)
                     else:
                         store.update_run(self.run_id, **values)
             except Exception as exc:

@@ -3,12 +3,15 @@
 It builds a DataLoader, an optimizer and a small conv net the way a user script would
 (no stepscope import) and prints one line ``PROBE {json}`` at the end: what the plan's
 patches changed is visible here, in the job's own objects. Options: --steps N,
---explicit-workers W (pass num_workers explicitly), --ddp (wrap in a 1-process gloo DDP).
+--explicit-workers W (pass num_workers explicitly), --ddp (wrap in a 1-process gloo DDP),
+--helper (at the end, a fresh Python that imports torch, as inductor's compile workers do).
 """
 
 import argparse
 import json
 import os
+import subprocess
+import sys
 
 import torch
 from torch import nn
@@ -29,6 +32,7 @@ def main():
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--explicit-workers", type=int, default=None)
     p.add_argument("--ddp", action="store_true")
+    p.add_argument("--helper", action="store_true")
     a = p.parse_args()
     torch.manual_seed(0)
     kwargs = {} if a.explicit_workers is None else {"num_workers": a.explicit_workers}
@@ -61,6 +65,8 @@ def main():
         loss.backward()
         opt.step()
         losses.append(loss.item())
+    if a.helper:  # it inherits the job's environment, the plan included
+        subprocess.run([sys.executable, "-c", "import torch"], check=True)
     inner = model.module if a.ddp else model
     out = {
         "num_workers": loader.num_workers,
