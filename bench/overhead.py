@@ -72,7 +72,10 @@ def run_once(
     if home is not None and attach:
         return _run_attached(job + ["--log-every", "1"], timings, cli, run_args or [])
     if home is not None:
-        command = [*cli, "run", "--name", f"overhead-{example}", *(run_args or []), "--", *job]
+        # the steady cost only: the default capture and the verdict are capture_cost.py's
+        quiet = ["--no-profile", "--quiet"] if "--profile-at" not in (run_args or []) else []
+        command = [*cli, "run", "--name", f"overhead-{example}", *quiet, *(run_args or [])]
+        command += ["--", *job]
     else:
         command = job
     started = time.perf_counter()

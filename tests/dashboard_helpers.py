@@ -44,7 +44,13 @@ def stepscope(
 
 
 def record(home: Path, name: str, script: str, *job_args: str, opts: tuple[str, ...] = ()) -> int:
-    """`stepscope run --name NAME [opts] -- python examples/SCRIPT ARGS`; returns the run id."""
+    """`stepscope run --name NAME [opts] -- python examples/SCRIPT ARGS`; returns the run id.
+
+    A trace only where ``opts`` ask for one (``--profile-at``): the pages' tests need to
+    know which steps, and a run without one; the default capture has tests of its own.
+    """
+    if "--profile-at" not in opts:
+        opts = ("--no-profile", *opts)
     stepscope(
         home, "run", "--name", name, *opts, "--", sys.executable, f"examples/{script}", *job_args
     )
@@ -69,6 +75,7 @@ def start_live_job(home: Path, name: str = "live", steps: int = 2000) -> subproc
                 "run",
                 "--name",
                 name,
+                "--no-profile",  # the tests ask for their captures
                 "--",
                 sys.executable,
                 "examples/input_bound.py",

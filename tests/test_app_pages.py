@@ -522,16 +522,18 @@ def test_capture_is_only_offered_for_running_jobs(home: Path, recorded: dict) ->
 
 
 # -- diagnosis (last: it writes findings into the module's store) -----------------------------
-def test_diagnose_button(home: Path, recorded: dict) -> None:
+def test_an_ended_run_is_diagnosed_when_its_page_opens(home: Path, recorded: dict) -> None:
+    """No Diagnose click: a run that ended without its verdict (recorded by the API here,
+    as by a launcher that was killed) is diagnosed on opening, and saved."""
     run_id = recorded["ids"]["ib"]
+    with RunStore(home) as store:  # as it ended (earlier pages here may have diagnosed it)
+        store.save_findings(run_id, [])
+        store.merge_run_json(run_id, "config", {"diagnosed": None})
     at = open_page("run", run=str(run_id))
     no_errors(at)
     with RunStore(home) as store:
-        assert store.findings(run_id) == []
-    at.button(key="diagnose").click().run()
-    no_errors(at)
-    with RunStore(home) as store:
         found = store.findings(run_id)
+        assert store.run(run_id)["config"]["diagnosed"]["level"] == "trace"
     # the job waits on its loader: an I/O finding (first on a quiet machine; on a loaded
     # one the compute slows down too, so its rank is not asserted)
     io = next(f for f in found if f.klass == "io")
@@ -631,14 +633,10 @@ def test_optimize_diagnoses_then_offers_the_auto_fixes(opt_home: Path, optimizab
     at = open_page("optimize", run=str(run_id))
     no_errors(at)
     assert at.title[0].value == f"Optimize run {run_id} · input-bound"
-    with RunStore(opt_home) as store:
-        assert store.findings(run_id) == []
-    assert "has none yet" in texts(at)
-    assert not [b for b in at.button if b.key == "apply"]  # nothing to apply yet
-    at.button(key="diagnose").click().run()
-    no_errors(at)
+    # the ended run was diagnosed on opening the page: no Diagnose click before the form
+    assert not [b for b in at.button if b.key == "diagnose"]
 
-    expected = auto_fix_ids(opt_home, run_id)  # from the findings the click saved
+    expected = auto_fix_ids(opt_home, run_id)  # from the findings the page saved
     assert "dataloader_workers" in expected
     boxes = {b.key.removeprefix(f"fix_{run_id}_"): b for b in at.checkbox}
     assert sorted(boxes) == sorted(expected)
@@ -791,8 +789,6 @@ def test_optimize_failed_run_and_failed_experiment(opt_home: Path, optimizable) 
     with RunStore(opt_home) as store:
         error = store.run(run_id)["error"]
     assert f"Run {run_id} failed after 3 steps ({error})" in at.warning[0].value
-    at.button(key="diagnose").click().run()
-    no_errors(at)
     only_fixes(at, run_id, {"fused_optimizer"})
     at.number_input(key="opt_trials").set_value(1)
     at.button(key="apply").click().run()
@@ -1231,15 +1227,13 @@ def test_run_page_shows_where_the_main_thread_spends_its_time(
 
 
 def test_diagnose_on_a_run_without_steps_says_why(tmp_path: Path, monkeypatch) -> None:
-    """A job that ended before its first step: the button gives the reason, not
-    "no bottleneck found", and is not offered again."""
+    """A job that ended before its first step: the page gives the reason, not
+    "no bottleneck found", and offers no Diagnose button."""
     home = tmp_path / "home"
     run_id, code = launch_run([sys.executable, "-c", "import torch"], home=home, quiet=True)
     assert code == 0
     monkeypatch.setenv("STEPSCOPE_HOME", str(home))
     at = open_page("run", run=str(run_id))
-    no_errors(at)
-    at.button(key="diagnose").click().run()
     no_errors(at)
     shown = [i.value for i in at.info]
     assert any(v.startswith("Nothing to diagnose: no steps recorded") for v in shown), shown

@@ -100,7 +100,7 @@ JOBS: dict[str, Job] = {
     ),
     "lightning": Job(
         "lightning_job.py",
-        ("--max-steps", "14", "--print-freq", "1", "--val-check-interval", "6")
+        ("--max-steps", "24", "--print-freq", "1", "--val-check-interval", "6")
         + ("--pause-at-batch", str(PAUSE_AT_BATCH)),
         r"^Epoch \d+ \| step\s+\d+ \| train_loss (\S+)$",
         dataloader=True,
@@ -148,6 +148,20 @@ JOBS: dict[str, Job] = {
         ("--iters", "6", "--log-every", "1"),
         r"^it \d+/\d+ loss (\S+) \(",
         dataloader=False,
+        optimizer=True,
+    ),
+    "mnist_transforms": Job(
+        "mnist_transforms.py",
+        ("--train-size", "384", "--test-size", "250"),
+        r"^Train Epoch: \d+ \[\d+/\d+ \(\d+%\)\]\tLoss: (\S+)$",
+        dataloader=True,
+        optimizer=True,
+    ),
+    "mnist_transforms_v2_workers": Job(
+        "mnist_transforms.py",
+        ("--train-size", "384", "--test-size", "250", "--v2", "--num-workers", "2"),
+        r"^Train Epoch: \d+ \[\d+/\d+ \(\d+%\)\]\tLoss: (\S+)$",
+        dataloader=True,
         optimizer=True,
     ),
     "hf_inference": Job(
@@ -497,3 +511,30 @@ def test_hf_batch_inference_under_no_grad_has_no_inference_warning(diagnosis) ->
     keys = {f"{f['class']}/{f['subtype']}" for f in analysis["findings"]}
     assert not keys & {"compute/inference_grad", "compute/inference_train_mode"}, keys
     assert not fix_ids(analysis) & {"inference_mode", "eval_mode", "fused_optimizer"}
+
+
+@pytest.mark.parametrize("name", ["mnist_transforms", "mnist_transforms_v2_workers"])
+def test_transforms_in_getitem_are_the_input_pipeline(corpus_run, name: str) -> None:
+    """mnist/main.py's `Normalize` (an nn.Module) runs in every `__getitem__`: in the
+    main process at `num_workers=0`, in the workers at 2. Thousands of module calls that
+    are never a model: one step per optimizer iteration, the model's facts are the Net's,
+    and the test pass after each epoch adds no step."""
+    rec = corpus_run(name)
+    assert rec.proc.returncode == 0, rec.proc.stderr[-3000:]
+    rank0 = rec.rank(0)
+    assert len(rank0) == rec.corpus["iterations"] == 12
+    assert set(rank0["kind"]) == {"optimizer"}
+    model = rec.run["facts"]["model"]
+    assert model["class"] == "Net" and model["parameters"] > 0
+
+
+@pytest.mark.parametrize("name", ["imagenet", "lightning", "mnist_transforms", "mlp_adamw"])
+def test_a_plain_run_ends_with_a_trace_level_verdict(corpus_run, name: str) -> None:
+    """No options: the default capture, then the verdict after the job's own output."""
+    rec = corpus_run(name)
+    lines = [ln for ln in rec.proc.stderr.splitlines() if ln.startswith("stepscope: ")]
+    verdict = next(ln for ln in lines if ln.startswith("stepscope: verdict: "))
+    assert verdict.endswith("(from a profiler trace and the steps)"), lines
+    assert lines.index(verdict) > next(
+        i for i, ln in enumerate(lines) if ln.startswith(f"stepscope: run {rec.run_id} completed")
+    )

@@ -199,8 +199,11 @@ def stepscope_cli() -> list[str]:
 def record(home: Path, name: str) -> Recorded:
     job = JOBS[name]
     command = [sys.executable, str(CORPUS / job.script), *job.args]
+    # --no-profile: these tests hold the script's own clock against stepscope's, and the
+    # default capture's start and trace export run inside the script's timed calls
+    # (test_first_run.py checks a generation job's default capture)
     proc = subprocess.run(
-        [*stepscope_cli(), "--home", str(home), "run", "--", *command],
+        [*stepscope_cli(), "--home", str(home), "run", "--no-profile", "--", *command],
         cwd=home,
         env=job_env(),
         capture_output=True,

@@ -222,7 +222,11 @@ def test_max_steps_stops_the_job_and_is_not_a_failure(tmp_path: Path, store_back
     with RunStore() as store:
         steps = store.steps(run["id"])
     assert len(steps) == 5
-    assert _own_lines(out.stderr.decode())[-1].startswith(f"stepscope: run {run['id']} stopped, 5")
+    own = _own_lines(out.stderr.decode())
+    ended = next(i for i, line in enumerate(own) if line.startswith("stepscope: run "))
+    assert own[ended].startswith(f"stepscope: run {run['id']} stopped, 5")
+    # then the verdict: a run stopped by its step limit is diagnosed as any other
+    assert own[ended + 1].startswith("stepscope: verdict: ")
 
 
 @pytest.mark.parametrize("code", [0])

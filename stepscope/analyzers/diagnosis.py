@@ -19,6 +19,7 @@ input-bound first: the data wait is what can go.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,13 @@ from stepscope.analyzers.trace_report import TraceReport, analyze_trace
 from stepscope.store.artifacts import ArtifactError, kind_files
 from stepscope.types import Finding
 
+# What a diagnosis at each level rests on, as the verdict and the Run page say it.
+LEVEL_TEXT = {
+    "trace": "a profiler trace and the steps",
+    "steps": "the steps and system samples (no trace)",
+    "stacks": "Python stacks and system samples",
+    "samples": "system samples only",
+}
 LEVEL_CONFIDENCE = {"trace": 1.0, "steps": 0.85, "stacks": 0.75, "samples": 0.6, "none": 0.3}
 # Shares read from fewer timed steps than this are one step's accident (a torchrun job
 # that stepped once was "highly input-bound" from a single 12 ms step): the findings
@@ -59,6 +67,8 @@ class Diagnosis:
     def to_json(self) -> list[dict[str, Any]]:
         return [f.to_json() for f in self.findings]
 
+
+DIAGNOSED = "diagnosed"  # the run config's key: when, at what level, why not (a reason)
 
 RULES: tuple[Callable[[Evidence], Finding | None], ...] = (
     input_pipeline,
@@ -164,7 +174,25 @@ def diagnose_run(
     diagnosis.warnings = warnings + diagnosis.warnings
     if save:
         store.save_findings(run_id, diagnosis.findings)
+        marker = {"at": time.time(), "level": diagnosis.level, "reason": diagnosis.reason}
+        store.merge_run_json(run_id, "config", {DIAGNOSED: marker})
     return diagnosis
+
+
+def saved_diagnosis(store: Any, run_id: int, report: TraceReport | None = None) -> Diagnosis | None:
+    """The run's diagnosis as saved, made now where the run ended after it was last
+    diagnosed (a job whose launcher was killed before its verdict, a run recorded before
+    verdicts, one diagnosed while it ran); None for a running run never diagnosed.
+    ``report``: the run's trace, where the caller has analysed it already."""
+    run = store.run(run_id)
+    marker = (run.get("config") or {}).get(DIAGNOSED)
+    ended = run.get("ended_at")
+    if run["status"] != "running" and (marker is None or (ended and marker["at"] < ended)):
+        return diagnose_run(store, run_id, report=report)
+    if marker is None:
+        return None
+    reason = marker.get("reason")
+    return Diagnosis(marker.get("level") or "none", store.findings(run_id), reason=reason)
 
 
 def _run_report(store: Any, run_id: int) -> tuple[TraceReport | None, list[str]]:

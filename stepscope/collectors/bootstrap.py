@@ -60,6 +60,7 @@ class _Bootstrap:
         self.rank = _int(env.get("RANK"))  # None: the step timer asks torch.distributed
         self.max_steps = _int(env.get(contract.ENV_MAX_STEPS))
         self.profile_at = _int(env.get(contract.ENV_PROFILE_AT))
+        self.profile_auto = env.get(contract.ENV_PROFILE_AT) == contract.PROFILE_AUTO
         self.profile_steps = _int(env.get(contract.ENV_PROFILE_STEPS))
         self.flush_s = _float(env.get(contract.ENV_FLUSH_S)) or 1.0
         self.plan_path = env.get(contract.ENV_PLAN) or None
@@ -129,6 +130,7 @@ class _Bootstrap:
                 rank=self.rank or 0,
                 profile_at=self.profile_at,
                 profile_steps=self.profile_steps,
+                auto=self.profile_auto,
             )
             timer = step_timer.StepTimer(
                 self.writer,

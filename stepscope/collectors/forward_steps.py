@@ -20,6 +20,11 @@ written updates) or when the forward runs without grad; a grad-enabled forward w
 no backward yet waits up to CONFIRM_FORWARD_S. Released rows are checked against the
 step limit and the capture schedule one by one.
 
+A module called while the DataLoader makes a batch in this process (a transform in the
+dataset's ``__getitem__``, as torchvision's ``Normalize``, or in the collate function)
+is input pipeline, never a model: no step, no request, no forward time; its time stays
+the data wait's. (In a worker process the timer is inert.)
+
 The forward phase. The global hooks time the outermost module calls (depth 0) and
 remember which modules were called there (the model, a loss module; at most
 MAX_OUTER_MODULES). Once the global hooks go (the first optimizer step, a mark), those
@@ -41,7 +46,7 @@ import time
 import weakref
 from typing import Any
 
-from stepscope.collectors.step_accounting import FORWARD, StepLimitReached
+from stepscope.collectors.step_accounting import DATA, FORWARD, StepLimitReached
 from stepscope.collectors.step_row import add_phases
 
 # Grad-enabled forward steps of a job with no optimizer wait this long for a backward
@@ -78,6 +83,12 @@ class ForwardSteps:
         if self._is_compiling() or self.inert:
             return
         tls = self._tls
+        loading = getattr(tls, "loading", 0)
+        if loading or DATA in (getattr(tls, "phases", None) or ()):
+            # a module called while the DataLoader makes a batch (a transform in the
+            # dataset's __getitem__ or the collate function): input pipeline, no model
+            tls.loading = loading + 1
+            return
         depth = getattr(tls, "depth", 0)
         tls.depth = depth + 1
         if depth == 0:
@@ -116,6 +127,10 @@ class ForwardSteps:
         if self._is_compiling() or self.inert:
             return
         tls = self._tls
+        loading = getattr(tls, "loading", 0)
+        if loading:
+            tls.loading = loading - 1
+            return
         depth = getattr(tls, "depth", 1) - 1
         tls.depth = depth
         if depth == 0:

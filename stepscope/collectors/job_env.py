@@ -25,7 +25,7 @@ def build_job_env(
     run_dir: str | os.PathLike[str],
     *,
     max_steps: int | None = None,
-    profile_at: int | None = None,
+    profile_at: int | str | None = None,
     profile_steps: int | None = None,
     flush_s: float | None = None,
     base_env: Mapping[str, str] | None = None,
@@ -54,7 +54,8 @@ def build_job_env(
     if max_steps is not None:
         env[contract.ENV_MAX_STEPS] = str(int(max_steps))
     if profile_at is not None:
-        env[contract.ENV_PROFILE_AT] = str(int(profile_at))
+        auto = profile_at == contract.PROFILE_AUTO
+        env[contract.ENV_PROFILE_AT] = contract.PROFILE_AUTO if auto else str(int(profile_at))
         env[contract.ENV_PROFILE_STEPS] = str(int(profile_steps or 3))
     if flush_s is not None:
         env[contract.ENV_FLUSH_S] = str(float(flush_s))

@@ -48,12 +48,14 @@ def launch(
     *,
     name: str | None = None,
     max_steps: int | None = None,
-    profile_at: int | None = None,
+    profile_at: int | str | None = None,
     profile_steps: int | None = None,
     sample_interval: float = 0.5,
     run_group: str | None = None,
-) -> int:
-    """Run ``command`` under stepscope; returns its exit code as a shell would report it.
+    brief: bool = False,
+) -> tuple[int, int]:
+    """Run ``command`` under stepscope; returns the run's id and the exit code as a
+    shell would report it. ``brief``: the one line at the end only (``run --quiet``).
 
     The launchers of one multi-node job join one run (``run_group.py``): ``run_group``
     names the group, else Slurm's job or torchrun's rendezvous does.
@@ -66,7 +68,8 @@ def launch(
         profile_steps=profile_steps,
         sample_interval=sample_interval,
         group=run_group_of(command, os.environ, run_group),
-    )[1]
+        announce=not brief,
+    )
 
 
 def launch_run(
@@ -74,7 +77,7 @@ def launch_run(
     *,
     name: str | None = None,
     max_steps: int | None = None,
-    profile_at: int | None = None,
+    profile_at: int | str | None = None,
     profile_steps: int | None = None,
     sample_interval: float = 0.5,
     home: str | os.PathLike[str] | None = None,
@@ -87,6 +90,7 @@ def launch_run(
     quiet: bool = False,
     plan: Mapping[str, Any] | None = None,
     group: RunGroup | None = None,
+    announce: bool = True,
 ) -> tuple[int, int]:
     """Run ``command`` under stepscope; returns (run id, exit code).
 
@@ -99,7 +103,8 @@ def launch_run(
     ``plan``: fixes for the bootstrap to apply (shape in ``contract.py``), written to
     ``plan.json`` in the run folder, where it stays as the record of what was asked;
     ``group``: the multi-node job this launcher is one node of (its run is joined, and
-    ended by the last launcher), None for a run of its own.
+    ended by the last launcher), None for a run of its own; ``announce``: the line that
+    says where the run is recorded, before the job starts.
     """
     command = list(command)
     store = RunStore(home)
@@ -138,7 +143,7 @@ def launch_run(
         plan_path = run_dir / PLAN_FILENAME
         plan_path.write_text(json.dumps(plan, indent=1))
         job.extra_env[ENV_PLAN] = str(plan_path)
-    if not quiet:
+    if not quiet and announce:
         _say(_start_line(store, job.member, group))
 
     signals = SignalState(own_group=job.own_group)

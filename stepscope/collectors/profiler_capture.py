@@ -3,8 +3,8 @@
 The step timer calls :meth:`CaptureController.on_boundary` between steps, on the
 thread that runs the training loop, because torch.profiler and the CUDA memory
 history must be started and stopped where the work happens. A window is opened by
-``STEPSCOPE_PROFILE_AT``/``STEPSCOPE_PROFILE_STEPS`` or by a request file
-(``stepscope capture``). The trace is written with the file naming of
+``STEPSCOPE_PROFILE_AT``/``STEPSCOPE_PROFILE_STEPS`` (``auto``: once step times
+settle, ``capture_auto.py``) or by a request file (``stepscope capture``). The trace is written with the file naming of
 ``tensorboard_trace_handler`` so TensorBoard, HTA and Perfetto open it unchanged.
 Where an artifact location other than the run folder is set (``STEPSCOPE_ARTIFACTS``,
 ``store/artifacts.py``), each finished file is uploaded from a background thread and
@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from stepscope.collectors.capture_auto import GENERATION_STEPS, AutoTrigger, not_taken
 from stepscope.collectors.control import CapturePoller
 from stepscope.store.artifacts import (
     ArtifactError,
@@ -78,6 +79,7 @@ class CaptureController:
         profile_at: int | None = None,
         profile_steps: int | None = None,
         poll: bool = True,
+        auto: bool = False,
     ) -> None:
         self._writer = writer
         self.run_dir = run_dir
@@ -85,6 +87,9 @@ class CaptureController:
         self.profile_at = profile_at
         self._scheduled_at = profile_at  # kept for rearm()
         self.profile_steps = max(1, int(profile_steps or 3))
+        self.auto = AutoTrigger() if auto and profile_at is None else None
+        self._auto_armed = self.auto is not None  # kept for rearm() and close()
+        self.generation = False  # set by the step timer: the steps are generate() requests
         self._discard = False
         self.poller = CapturePoller(run_dir) if (poll and run_dir) else None
         self.active = False
@@ -123,6 +128,11 @@ class CaptureController:
                 self.profile_at = None  # fires once
                 self._start(next_step, self.profile_steps, "scheduled", None)
                 return True
+            if self.auto is not None and self.auto.due(next_step):
+                reason, self.auto = self.auto.reason, None  # fires once
+                steps = GENERATION_STEPS if self.generation else self.profile_steps
+                self._start(next_step, steps, reason, None)
+                return True
             if self.poller is not None:
                 request = self.poller.poll()
                 if request is not None:
@@ -135,7 +145,12 @@ class CaptureController:
         return False
 
     def close(self, next_step: int | None = None) -> None:
-        """End an open window early (job stopping): keep what was captured."""
+        """End an open window early (job stopping): keep what was captured. A job that
+        ended before its default capture says so in the run's log."""
+        if self.auto is not None and not self.disabled and next_step:
+            self.auto = None
+            with contextlib.suppress(Exception):
+                self._writer().log("info", "capture", not_taken(next_step))
         if self.active and not self.disabled:
             try:
                 done = self._steps if next_step is None else next_step - self._first
@@ -150,7 +165,7 @@ class CaptureController:
         training was seen): a window open on them is dropped unexported, and the
         scheduled one is due again, counted in the training steps. A window already
         exported stays (it is what the job ran then) and is not taken twice."""
-        if self.disabled or (self.profile_at is None and not self.active):
+        if self.disabled or (self.profile_at is None and self.auto is None and not self.active):
             return
         if self.active:
             prof, self._prof = self._prof, None
@@ -166,6 +181,9 @@ class CaptureController:
 
                     torch.cuda.memory._record_memory_history(enabled=None)
         self.profile_at = self._scheduled_at
+        if self._auto_armed:
+            self.auto = self.auto or AutoTrigger()
+            self.auto.reset()
 
     # -- internals ------------------------------------------------------------------
     def _start(self, first: int, steps: int, reason: str, request_id: str | None) -> None:

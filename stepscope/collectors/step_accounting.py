@@ -164,6 +164,8 @@ class StepAccounting:
         row["rank"] = self.rank
         row["step"] = self.step
         self.step += 1
+        if row.get("kind") == "generate" and self.capture is not None:
+            self.capture.generation = True  # the default capture takes one request
         self._emitted_data_wait += row["data_wait_s"]
         self._emitted_phases = add_phases(self._emitted_phases, row)
         self._emitted_batch += row["batch_size"] or 0

@@ -52,9 +52,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--name", help="run name (default: the script or module name)")
     run.add_argument("--max-steps", type=int, help="stop the job cleanly after N steps")
-    run.add_argument("--profile-at", type=int, metavar="STEP", help="start a capture at STEP")
+    run.add_argument(
+        "--profile-at",
+        type=int,
+        metavar="STEP",
+        help="start the capture at STEP (default: once step times settle, from step 3)",
+    )
     run.add_argument(
         "--profile-steps", type=int, default=3, metavar="K", help="steps per capture (default 3)"
+    )
+    run.add_argument(
+        "--no-profile", action="store_true", help="no profiler capture (steps and samples only)"
+    )
+    run.add_argument(
+        "--quiet",
+        action="store_true",
+        help="print only the one 'run N completed' line, no verdict",
     )
     run.add_argument(
         "--sample-interval",
@@ -262,18 +275,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             command = command[1:]
         if not command:
             parser.error("run needs a command after --, e.g. stepscope run -- python train.py")
+        if args.no_profile and args.profile_at is not None:
+            parser.error("--no-profile and --profile-at contradict each other: choose one")
         # local: only `run` needs the launcher (and keeps `stepscope --help` fast)
-        from stepscope.collectors.launcher import launch
+        from stepscope.collectors.contract import PROFILE_AUTO
+        from stepscope.collectors.launcher import launch  # local: same
 
-        return launch(
+        run_id, code = launch(
             command,
             name=args.name,
             max_steps=args.max_steps,
-            profile_at=args.profile_at,
+            profile_at=None if args.no_profile else (args.profile_at or PROFILE_AUTO),
             profile_steps=args.profile_steps,
             sample_interval=args.sample_interval,
             run_group=args.run_group,
+            brief=args.quiet,
         )
+        if not args.quiet:
+            from stepscope.app.cli.verdict import print_verdict  # local: see above
+
+            print_verdict(run_id)
+        return code
 
     # Each import below is local: a verb's module is loaded only when the verb runs,
     # which keeps `stepscope --help` and the other verbs from importing what it needs.

@@ -4,6 +4,11 @@ The JSON form is the contract (tests and scripts read it); the tables are the sa
 data for people. Both are built from one dict (``run_summary``), so they cannot
 disagree.
 
+The run's diagnosis comes with it (``diagnosis``): as saved by the verdict at the job's
+end or by `analyze`, or made now for a run that ended after it was last diagnosed (a job
+whose launcher was killed, a run recorded before verdicts). A diagnosis that fails gives
+its one-line ``error``; the rest of the summary is shown all the same.
+
 A run that served generation requests gets ``generation`` (``generation_summary``: per
 request, never per forward) and no ``latency``: that block reads each step as one
 request, which holds for a classifier's forward steps but would turn a request's tokens
@@ -14,13 +19,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from stepscope.analyzers.diagnosis import saved_diagnosis
 from stepscope.analyzers.generation import generation_summary
 from stepscope.analyzers.step_stats import summarize_steps
 from stepscope.app.applied import applied_changes, state, trial_label
 from stepscope.app.cli import term
 from stepscope.app.cli.runs import run_duration
 from stepscope.app.cli.term import esc, print_json, status_text
+from stepscope.app.cli.verdict import verdict_lines
 from stepscope.app.formats import fmt_bytes, fmt_num, fmt_pct, fmt_s, fmt_time, missing
+from stepscope.errors import one_line_error
 from stepscope.store import RunStore
 
 # Samples shown in the readable view of `show` (JSON carries every metric).
@@ -127,10 +135,31 @@ def samples_summary(samples: Any) -> dict[str, Any]:
     }
 
 
+def diagnosis_summary(store: Any, run_id: int) -> dict[str, Any] | None:
+    """``{"level", "reason", "findings", "verdict", "error"}``; None for a running run never
+    diagnosed."""
+    try:
+        diagnosis = saved_diagnosis(store, run_id)
+    except Exception as exc:  # the summary is shown all the same
+        error = f"diagnosis failed: {one_line_error(type(exc), exc)}"
+        return {"level": None, "reason": None, "findings": [], "verdict": [error], "error": error}
+    if diagnosis is None:
+        return None
+    return {
+        "level": diagnosis.level,
+        "reason": diagnosis.reason,
+        "findings": diagnosis.to_json(),
+        "verdict": verdict_lines(run_id, diagnosis, more="analyze"),
+        "error": None,
+    }
+
+
 def cmd_show(ref: str, as_json: bool) -> int:
     with RunStore() as store:
         run_id = store.resolve_run(ref)
+        diagnosis = diagnosis_summary(store, run_id)
         data = run_summary(store, run_id)
+    data["diagnosis"] = diagnosis
     if as_json:
         print_json(data)
         return 0
@@ -159,6 +188,8 @@ def _print_show(d: dict[str, Any]) -> None:
         head.add_row("device", esc(", ".join(f"{k}={v}" for k, v in d["device"].items())))
     head.add_row("folder", esc(d["run_dir"]))
     console.print(head)
+    if d.get("diagnosis"):
+        console.print("\n".join(esc(line) for line in d["diagnosis"]["verdict"]))
     _print_applied(console, d["config"])
 
     gen = d["generation"]

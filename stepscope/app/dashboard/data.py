@@ -27,8 +27,10 @@ import pandas as pd
 import streamlit as st
 from sqlalchemy.exc import SQLAlchemyError
 
+from stepscope.analyzers.diagnosis import Diagnosis, saved_diagnosis
 from stepscope.analyzers.step_stats import summarize_steps
 from stepscope.analyzers.trace_load import TraceError
+from stepscope.analyzers.trace_report import TraceReport
 from stepscope.store import (
     ExperimentNotFound,
     RunNotFound,
@@ -209,6 +211,13 @@ def run_data(home: str, run_id: int, marker: tuple[Any, ...]) -> RunData:
         artifacts=artifacts,
         events=events,
     )
+
+
+def diagnosis(home: str, run_id: int, report: TraceReport | None = None) -> Diagnosis | None:
+    """Uncached: the run's saved diagnosis, made now for a run that ended since
+    (``saved_diagnosis``); a Diagnose click shows its result on the very next rerun."""
+    with open_store(home) as store:
+        return saved_diagnosis(store, run_id, report)
 
 
 def findings(home: str, run_id: int) -> list[Finding]:

@@ -1,5 +1,7 @@
-"""The run's diagnosis on the page: each finding with its evidence and fixes, or the
-Diagnose button of a run that has none (the Run and Optimize pages)."""
+"""The run's diagnosis on the page: each finding with its evidence and fixes, why there
+is none, or the Diagnose button of a running run not diagnosed yet (the Run and Optimize
+pages). An ended run is diagnosed when it ends (or when first opened), never behind a
+click."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import logging
 
 import streamlit as st
 
-from stepscope.analyzers.diagnosis import diagnose_run
+from stepscope.analyzers.diagnosis import LEVEL_TEXT, Diagnosis, diagnose_run
 from stepscope.app.dashboard import data, ui
 from stepscope.app.formats import fmt_pct
 from stepscope.types import Finding, FixAdvice, phase_label
@@ -15,11 +17,22 @@ from stepscope.types import Finding, FixAdvice, phase_label
 log = logging.getLogger("stepscope.dashboard")
 
 
-def findings_section(home: str, run_id: int, found: list[Finding]) -> None:
+def findings_section(home: str, run_id: int, diagnosis: Diagnosis | None) -> None:
     st.subheader("Diagnosis")
-    if not found:
+    if diagnosis is None:
         diagnose_button(home, run_id)
         return
+    if diagnosis.reason:
+        st.info(f"Nothing to diagnose: {diagnosis.reason}", icon=":material/info:")
+        return
+    found = diagnosis.findings
+    if not found:
+        st.success(
+            "Diagnosed: no bottleneck worth reporting was found in this run.",
+            icon=":material/check:",
+        )
+        return
+    st.caption(f"Diagnosed from {LEVEL_TEXT.get(diagnosis.level, diagnosis.level)}.")
     if any(fix.auto for f in found for fix in f.fixes):
         st.page_link(
             "views/optimize.py",

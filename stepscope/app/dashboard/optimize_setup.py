@@ -288,14 +288,20 @@ def show(home: str, run: dict[str, Any], d: data.RunData, busy: dict[str, Any] |
     run_id = int(run["id"])
     if not can_optimize(home, run, d.summary):
         return
-    with ui.errors_as_one_line():
-        found = data.findings(home, run_id)
-    if not found:
+    diagnosis = None  # a failed diagnosis says why in one line, and offers the button
+    with ui.errors_as_one_line():  # an ended run not diagnosed yet is diagnosed now
+        diagnosis = data.diagnosis(home, run_id)
+    if diagnosis is None:
         st.info(
             "The fixes to try come from the run's diagnosis, and this run has none yet.",
             icon=":material/troubleshoot:",
         )
         diagnose_button(home, run_id)
+        return
+    found = diagnosis.findings
+    if not found:
+        why = diagnosis.reason or "no bottleneck worth reporting was found in this run"
+        st.info(f"Nothing to apply: {why}.", icon=":material/info:")
         return
     marker = data.findings_marker(found)
     with ui.errors_as_one_line():

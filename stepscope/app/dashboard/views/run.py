@@ -147,9 +147,10 @@ if paths:
 live_headline()
 hw.mfu_headline(report)
 
+diagnosis = None  # a failed diagnosis says why in one line, and offers the button again
 with ui.errors_as_one_line():
-    found = data.findings(home, run_id)
-findings_view.findings_section(home, run_id, found)
+    diagnosis = data.diagnosis(home, run_id, report)
+findings_view.findings_section(home, run_id, diagnosis)
 generation_view.generation_section(home, run_id, live)  # runs that served requests only
 
 if not attached:  # an attached job has no step timer: its stack samples stand in

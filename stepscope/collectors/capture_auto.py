@@ -1,0 +1,68 @@
+"""When the default capture of ``stepscope run`` starts: once step times have settled.
+
+A user who runs ``stepscope run -- python train.py`` without ``--profile-at`` came for a
+diagnosis, and a diagnosis from a trace is worth more than one from steps and samples
+alone; but the first steps are the wrong ones to trace (the allocator growing, cuDNN's
+autotuning, lazy initialisation, ``torch.compile``). So the capture waits for the warm-up
+(``FIRST_STEP``) and for the last few step times to agree (``SETTLED``), and starts at
+``LAST_STEP`` at the latest, so a job whose steps never settle still gets one. A job that
+ends before ``FIRST_STEP`` gets none, and its run's log says so.
+
+The times are measured between boundaries (one step's end to the next's), which is what
+the step timer's step times are too, without asking the timer for them.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+
+FIRST_STEP = 3  # the earliest step the capture starts at: a short job gets one too
+LAST_STEP = 20  # the latest: settled or not
+WINDOW = 2  # the last step times that must agree (step 0, the warm-up, is left out)
+SETTLED = 0.25  # each within 25 % of their median
+GENERATION_STEPS = 1  # a generation job's steps are requests: one is thousands of forwards
+
+
+class AutoTrigger:
+    """Decides, at each step boundary, whether the default capture starts now."""
+
+    def __init__(self) -> None:
+        self._times: deque[float] = deque(maxlen=WINDOW)
+        self._last: float | None = None
+        self.reason = ""
+
+    def due(self, next_step: int) -> bool:
+        now = time.perf_counter()
+        if self._last is not None:
+            self._times.append(now - self._last)
+        self._last = now
+        if next_step < FIRST_STEP:
+            return False
+        if next_step >= LAST_STEP:
+            self.reason = f"automatic: step times had not settled by step {LAST_STEP}"
+            return True
+        if len(self._times) < WINDOW:
+            return False
+        median = statistics.median(self._times)
+        if median <= 0 or max(abs(t - median) for t in self._times) > SETTLED * median:
+            return False
+        self.reason = (
+            f"automatic: the last {WINDOW} step times within {SETTLED:.0%} of their median"
+        )
+        return True
+
+    def reset(self) -> None:
+        """The steps seen so far were not the job's (evaluation before training)."""
+        self._times.clear()
+        self._last = None
+
+
+def not_taken(steps: int) -> str:
+    """The run's log line when the job ended before the default capture."""
+    return (
+        f"no profiler capture: the job ended after {steps} steps, before the automatic "
+        f"capture (from step {FIRST_STEP}, once step times settle); the diagnosis rests on "
+        "steps and samples (--profile-at STEP takes one earlier)"
+    )
