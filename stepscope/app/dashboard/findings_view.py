@@ -91,6 +91,25 @@ def _fix(fix: FixAdvice) -> None:
         st.code(fix.snippet, language="python")
 
 
+def findings_to_apply(home: str, run_id: int) -> list[Finding]:
+    """The Optimize page's findings; [] after saying why there are none to apply (an
+    ended run not diagnosed yet is diagnosed now; a failed diagnosis offers the button)."""
+    diagnosis = None
+    with ui.errors_as_one_line():
+        diagnosis = data.diagnosis(home, run_id)
+    if diagnosis is None:
+        st.info(
+            "The fixes to try come from the run's diagnosis, and this run has none yet.",
+            icon=":material/troubleshoot:",
+        )
+        diagnose_button(home, run_id)
+        return []
+    if not diagnosis.findings:
+        why = diagnosis.reason or "no bottleneck worth reporting was found in this run"
+        st.info(f"Nothing to apply: {why}.", icon=":material/info:")
+    return diagnosis.findings
+
+
 def diagnose_button(home: str, run_id: int) -> None:
     """The Diagnose action of a run without findings (the Run and Optimize pages)."""
     done = st.session_state.get(f"diagnosed_{run_id}")

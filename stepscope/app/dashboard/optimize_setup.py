@@ -30,7 +30,7 @@ import pandas as pd
 import streamlit as st
 
 from stepscope.app.dashboard import data, ui
-from stepscope.app.dashboard.findings_view import diagnose_button
+from stepscope.app.dashboard.findings_view import findings_to_apply
 from stepscope.app.dashboard.inference_view import guard_limits
 from stepscope.app.ownership import rerun_refusal
 from stepscope.optim_runner import plan as planning
@@ -288,20 +288,8 @@ def show(home: str, run: dict[str, Any], d: data.RunData, busy: dict[str, Any] |
     run_id = int(run["id"])
     if not can_optimize(home, run, d.summary):
         return
-    diagnosis = None  # a failed diagnosis says why in one line, and offers the button
-    with ui.errors_as_one_line():  # an ended run not diagnosed yet is diagnosed now
-        diagnosis = data.diagnosis(home, run_id)
-    if diagnosis is None:
-        st.info(
-            "The fixes to try come from the run's diagnosis, and this run has none yet.",
-            icon=":material/troubleshoot:",
-        )
-        diagnose_button(home, run_id)
-        return
-    found = diagnosis.findings
+    found = findings_to_apply(home, run_id)
     if not found:
-        why = diagnosis.reason or "no bottleneck worth reporting was found in this run"
-        st.info(f"Nothing to apply: {why}.", icon=":material/info:")
         return
     marker = data.findings_marker(found)
     with ui.errors_as_one_line():
