@@ -698,11 +698,11 @@ def test_optimize_apply_and_compare(opt_home: Path, optimizable) -> None:
     assert list(table["candidate"]) == [c["name"] for c in result["candidates"]] == ["all"]
     for shown, c in zip(table.to_dict("records"), result["candidates"], strict=True):
         assert shown["fixes"] == "dataloader_workers" and shown["status"] == c["status"]
-        assert shown["speed-up"] == c["speedup"]
+        assert shown["vs baseline"] == c["speedup"]
         assert shown["95 % CI"] == f"{c['ci'][0]:.2f}–{c['ci'][1]:.2f}x"
         assert shown["verdict"] == c["verdict"]
         assert shown["median step ratio"] == c["step_time"]["ratio"]
-        assert shown["loss"] == ("kept" if c["quality_ok"] else "changed")
+        assert shown["loss"] == ("same" if c["quality_ok"] else "changed")
         assert shown["why"] == c["quality"]["reason"]
     fixes = table_with(at, "bound (diagnosis)")
     f = result["fixes"][0]
@@ -735,7 +735,7 @@ def test_optimize_apply_and_compare(opt_home: Path, optimizable) -> None:
     again = open_page("optimize", experiment=str(experiment_id))
     no_errors(again)
     assert again.query_params["run"] == str(run_id)
-    assert table_with(again, "candidate")["speed-up"].iloc[0] == c["speedup"]
+    assert table_with(again, "candidate")["vs baseline"].iloc[0] == c["speedup"]
     past = table_with(open_page("optimize", run=str(run_id)), "outcome")
     mine = past[past["id"] == experiment_id].iloc[0]
     assert mine["open"] == f"optimize?run={run_id}&experiment={experiment_id}"
@@ -899,7 +899,7 @@ def test_optimize_result_shows_not_applied_notes_and_contention(
     assert ablation.loc["all", "status"] == "not applied"
     assert ablation.loc["all", "verdict"] == not_applied
     assert ablation.loc["all", "why"] == not_applied
-    assert pd.isna(ablation.loc["all", "speed-up"]) and ablation.loc["all", "95 % CI"] == "—"
+    assert pd.isna(ablation.loc["all", "vs baseline"]) and ablation.loc["all", "95 % CI"] == "—"
     assert ablation.loc["prefetch_factor", "verdict"] == "no measurable change"
     per_fix = table_with(at, "bound (diagnosis)").set_index("fix")
     assert per_fix.loc["dataloader_workers", "verdict"] == f"not applied: {NOT_APPLIED_WHY}"

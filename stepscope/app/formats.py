@@ -90,6 +90,12 @@ def speed_caption(speed: Speed) -> str:
     return text + " (warm-up and profiled steps left out, each run resampled on its own)."
 
 
+def guard_word(quality_ok: bool) -> str:
+    """A candidate's cell under the guard's column ("loss", "tokens", "outputs"): "same"
+    or "changed"; never "kept", which the tables keep for the fixes that are kept."""
+    return "same" if quality_ok else "changed"
+
+
 def guarded(result: dict[str, Any]) -> str:
     """What an experiment's quality guard judged, in a word: a generation job's generated
     tokens, an inference job's outputs, a training job's loss (``optim_runner/guard.py``)."""

@@ -4,8 +4,9 @@ The step timer calls :meth:`CaptureController.on_boundary` between steps, on the
 thread that runs the training loop, because torch.profiler and the CUDA memory
 history must be started and stopped where the work happens. A window is opened by
 ``STEPSCOPE_PROFILE_AT``/``STEPSCOPE_PROFILE_STEPS`` (``auto``: once step times
-settle, ``capture_auto.py``) or by a request file (``stepscope capture``). The trace is written with the file naming of
-``tensorboard_trace_handler`` so TensorBoard, HTA and Perfetto open it unchanged.
+settle, ``capture_auto.py``) or by a request file (``stepscope capture``). The trace is
+written with the file naming of ``tensorboard_trace_handler`` so TensorBoard, HTA and
+Perfetto open it unchanged.
 Where an artifact location other than the run folder is set (``STEPSCOPE_ARTIFACTS``,
 ``store/artifacts.py``), each finished file is uploaded from a background thread and
 recorded with its URI; a failed upload keeps the local file's row and says why in the
@@ -88,7 +89,7 @@ class CaptureController:
         self._scheduled_at = profile_at  # kept for rearm()
         self.profile_steps = max(1, int(profile_steps or 3))
         self.auto = AutoTrigger() if auto and profile_at is None else None
-        self._auto_armed = self.auto is not None  # kept for rearm() and close()
+        self._auto_armed = self.auto is not None  # kept for rearm()
         self.generation = False  # set by the step timer: the steps are generate() requests
         self._discard = False
         self.poller = CapturePoller(run_dir) if (poll and run_dir) else None

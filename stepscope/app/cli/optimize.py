@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from stepscope.app.applied import not_applied_text
 from stepscope.app.cli import term
 from stepscope.app.cli.term import esc, say
-from stepscope.app.formats import fmt_ci, fmt_ratio, guarded
+from stepscope.app.formats import fmt_ci, fmt_ratio, guard_word, guarded
 from stepscope.app.ownership import rerun_refusal
 from stepscope.optim_runner.experiment import ExperimentError, run_experiment
 from stepscope.store import RunStore
@@ -154,7 +154,7 @@ class ProgressView:
         if self.progress is not None:
             label = f"{esc(state['arm'])} (trial {state['trial'] + 1}/{state['trials']})"
             if state["phase"] == "confirm":
-                label += " confirming the kept fixes"
+                label = f"confirming the kept fixes: {label}"
             self.progress.update(
                 self.task, completed=state["done"], total=state["total"], description=label
             )
@@ -164,17 +164,22 @@ def trial_line(state: dict[str, Any], started: dict[tuple[str, int, str], float]
     """One plain line for a trial's start or end (``started`` keeps the start times)."""
     key = (str(state["arm"]), int(state["trial"]), str(state.get("phase")))
     what = f"{state['arm']} #{int(state['trial']) + 1}"
-    if state.get("phase") == "confirm":
-        what += " (confirming the kept fixes)"
     total = state.get("total") or "?"
-    if state["event"] == "trial_start":
+    start = state["event"] == "trial_start"
+    if state.get("phase") == "confirm":
+        # a phase of its own, counted in its own trials: the main count never runs past
+        # its total ("16/16", then "17/20")
+        counter = f"confirming the kept fixes, {what} of {state['trials']}"
+    else:
+        counter = f"trial {int(state['done']) + start}/{total}: {what}"
+    if start:
         started[key] = time.monotonic()
-        return f"trial {int(state['done']) + 1}/{total}: {what} ..."
+        return f"{counter} ..."
     took = ""
     if key in started:
         took = f", {time.monotonic() - started.pop(key):.1f} s"
     outcome = state.get("status") or "ended"
-    return f"trial {state['done']}/{total}: {what} {outcome} (run {state.get('run_id')}{took})"
+    return f"{counter} {outcome} (run {state.get('run_id')}{took})"
 
 
 def render(result: dict[str, Any], console: Any) -> None:
@@ -197,7 +202,16 @@ def render(result: dict[str, Any], console: Any) -> None:
         console.print(f"[dim]{explicit}[/dim]")
     table = term.table(title="Candidates", title_justify="left")
     inference = any(c.get("latency") for c in result["candidates"])  # p50/p99 ratios
-    for col in ("candidate", "fixes", "status", "speed-up", "95 % CI", "verdict", guarded(result)):
+    # every candidate against the baseline; the per-fix table says what each adds on top
+    for col in (
+        "candidate",
+        "fixes",
+        "status",
+        "vs baseline",
+        "95 % CI",
+        "verdict",
+        guarded(result),
+    ):
         table.add_column(col)
     for col in ("p50 latency", "p99 latency") if inference else ():
         table.add_column(col)
@@ -314,7 +328,7 @@ def _verdict(verdict: str | None) -> str:
 def _quality(c: dict[str, Any]) -> str:
     if c.get("quality_ok") is None:
         return "-" if c["status"] == "failed" else "not checked"
-    return "[green]kept[/]" if c["quality_ok"] else "[red]changed[/]"
+    return f"[{'green' if c['quality_ok'] else 'red'}]{guard_word(c['quality_ok'])}[/]"
 
 
 __all__ = ["ProgressView", "cmd_optimize", "render", "trial_line"]

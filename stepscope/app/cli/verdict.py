@@ -61,7 +61,7 @@ def verdict_lines(run_id: int, diagnosis: Diagnosis, more: str = "show") -> list
     if any(fix.auto for fix in first.fixes):
         lines.append(f"  next: stepscope optimize {run_id}  (measures the fixes on this job)")
     else:
-        lines.append(f"  next: stepscope show {run_id}  (each finding, its evidence and fixes)")
+        lines.append(f"  next: stepscope {more} {run_id}  (each finding, its evidence and fixes)")
     return lines
 
 

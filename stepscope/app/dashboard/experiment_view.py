@@ -25,7 +25,7 @@ from stepscope.app.applied import not_applied_text
 from stepscope.app.dashboard import data, ui
 from stepscope.app.dashboard.charts.compare import fix_speedups, step_time_distributions
 from stepscope.app.dashboard.experiment_progress import first_line
-from stepscope.app.formats import fmt_ci, fmt_num, fmt_ratio, fmt_s, guarded
+from stepscope.app.formats import fmt_ci, fmt_num, fmt_ratio, fmt_s, guard_word, guarded
 from stepscope.optim_runner.speed import compare_speed
 from stepscope.optim_runner.stats import timed_step_times
 
@@ -62,7 +62,7 @@ def _quality(c: dict[str, Any]) -> str:
         return "—"
     if c.get("quality_ok") is None:
         return "—" if c["status"] == "failed" else "not checked"
-    return "kept" if c["quality_ok"] else "changed"
+    return guard_word(c["quality_ok"])
 
 
 def verdict(result: dict[str, Any]) -> None:
@@ -137,7 +137,7 @@ def ablation_table(result: dict[str, Any]) -> None:
                 "candidate": c["name"],
                 "fixes": ", ".join(c["fixes"]),
                 "status": status,
-                "speed-up": c.get("speedup"),
+                "vs baseline": c.get("speedup"),  # each arm against the baseline, never another arm
                 "95 % CI": fmt_ci(c.get("ci")),
                 "verdict": not_applied_text(c) if skipped else c.get("verdict") or "—",
                 "median step ratio": step.get("ratio"),
@@ -153,8 +153,10 @@ def ablation_table(result: dict[str, Any]) -> None:
         hide_index=True,
         key="ablation",
         column_config={
-            "speed-up": st.column_config.NumberColumn(
-                format="%.2fx", help="throughput: mean seconds per sample, baseline/candidate"
+            "vs baseline": st.column_config.NumberColumn(
+                format="%.2fx",
+                help="throughput against the baseline's: mean seconds per sample, "
+                "baseline/candidate (the per-fix table says what each fix adds on top)",
             ),
             "median step ratio": st.column_config.NumberColumn(
                 format="%.2fx", help="median step time, baseline/candidate"
