@@ -211,4 +211,4 @@ def test_the_optimize_page_shows_the_outputs_changed(guarded, monkeypatch) -> No
     rows = {r["candidate"]: r for r in table.to_dict("records")}
     assert rows["perturb_outputs"]["outputs"] == "changed"
     assert "top-1 agreement" in rows["perturb_outputs"]["why"]
-    assert rows["cpu_threads"]["outputs"] == "kept"
+    assert rows["cpu_threads"]["outputs"] == "same"
