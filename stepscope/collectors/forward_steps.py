@@ -84,12 +84,16 @@ class ForwardSteps:
             return
         tls = self._tls
         loading = getattr(tls, "loading", 0)
-        if loading or DATA in (getattr(tls, "phases", None) or ()):
-            # a module called while the DataLoader makes a batch (a transform in the
-            # dataset's __getitem__ or the collate function): input pipeline, no model
+        if loading:  # inside a transform (below)
             tls.loading = loading + 1
             return
         depth = getattr(tls, "depth", 0)
+        if depth == 0 and DATA in (getattr(tls, "phases", None) or ()):
+            # a module called while the DataLoader makes a batch (a transform in the
+            # dataset's __getitem__ or the collate function): input pipeline, no model.
+            # Checked at the top level only: a model's own submodules skip the look.
+            tls.loading = 1
+            return
         tls.depth = depth + 1
         if depth == 0:
             if self.start_s is None:
