@@ -17,6 +17,10 @@ import pytest
 # a fifth of the suite's CPU for nothing there. Waiting threads sleep instead, in every
 # job the tests start (they inherit the environment); thread counts are unchanged.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# For the same reason every trial of a test's experiment has the other worker's job
+# beside it: busy trials are not run again here (optim_runner/repeats.py), which would
+# add up to six trials to every experiment of the suite; tests of repeats turn them on.
+os.environ.setdefault("STEPSCOPE_BUSY_REPEATS", "0")
 
 # Scripts run on a real GPU by hand (see tests/gpu/README.md), not collected by pytest.
 collect_ignore = ["gpu", "jobs"]

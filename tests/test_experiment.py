@@ -22,6 +22,7 @@ import psutil
 import pytest
 
 from stepscope.collectors.launcher import launch_run
+from stepscope.optim_runner.adaptive import DEFAULT_BUDGET_MIN
 from stepscope.optim_runner.background import cancel_experiment, start_experiment
 from stepscope.optim_runner.bound_check import above_bound_note
 from stepscope.optim_runner.contention import contention
@@ -258,6 +259,13 @@ def test_json_report_and_stored_experiment(experiment) -> None:
     assert row["result"] == result
     assert row["progress"]["done"] == row["progress"]["total"] == 20
     assert row["config"]["fixes"] == list(EFFECTS)
+    # adaptive by default, but two trials leave nothing to decide before the last round
+    design = result["design"]
+    assert (design["mode"], design["rounds"], design["max_rounds"]) == ("adaptive", 2, 2)
+    assert design["stopped"] == {} and design["ended"] is None
+    assert design["confirm"] == {"rounds": 2, "max_rounds": 2, "ended": None}
+    assert row["config"]["budget_min"] == DEFAULT_BUDGET_MIN and row["config"]["full"] is False
+    assert result["repeated"]["count"] == 0  # busy trials are not repeated in the suite
 
 
 def test_background_experiment_reports_progress_through_the_store(recorded) -> None:

@@ -189,6 +189,15 @@ V4_LINES = ("forward_s", "backward_s", "optimizer_s", "phase ", "-- phases,", "-
 # ... and version 5 (who started a run, its group, a sample's host; the new tables are
 # created by the DDL whatever the version, so they may stay).
 V5_LINES = ('"user"', "run_group", "-- shared key", "host    TEXT")
+# ... and version 7 (a step's worker, in the steps' primary key).
+V7_LINES = ("worker       INTEGER", "-- 0: the rank's own process", "-- (a hogwild worker")
+
+
+def _v6_steps(ddl: str) -> str:
+    """The steps table as versions up to 6 keyed it: one row per (run, rank, step)."""
+    return ddl.replace(
+        "PRIMARY KEY (run_id, rank, worker, step)", "PRIMARY KEY (run_id, rank, step)"
+    )
 
 
 def _old_ddl(*added: str, upto: str | None = None) -> str:
@@ -196,7 +205,8 @@ def _old_ddl(*added: str, upto: str | None = None) -> str:
     (and only up to ``upto``), and without the comma left before a table's end."""
     from stepscope.store.schema import DDL
 
-    text = DDL.split(upto)[0] if upto else DDL
+    text = _v6_steps(DDL.split(upto)[0] if upto else DDL)
+    added = (*added, *V7_LINES)
     kept = "\n".join(ln for ln in text.splitlines() if not ln.strip().startswith(added))
     return re.sub(r",(\s*(?:--[^\n]*)?\n\))", r"\1", kept)
 
@@ -322,6 +332,41 @@ def test_version_4_store_is_migrated(tmp_path: Path) -> None:
         assert store.join_or_create_run(["python", "t.py"], run_group="job-7") == (new, False)
     with sqlite3.connect(tmp_path / "stepscope.db") as conn:
         version = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        assert int(version[0]) == SCHEMA_VERSION == 6
+        assert int(version[0]) == SCHEMA_VERSION
         indexes = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")]
         assert "runs_group_running" in indexes
+
+
+def test_version_6_store_is_migrated(tmp_path: Path) -> None:
+    """Version 7: steps gain their worker (0 for the rows already there) and the key
+    holds it, so two training processes of one rank keep a step 0 each."""
+    v6_ddl = _old_ddl()
+    assert " worker " not in v6_ddl and "PRIMARY KEY (run_id, rank, step)" in v6_ddl
+    tmp_path.mkdir(exist_ok=True)
+    with sqlite3.connect(tmp_path / "stepscope.db") as conn:
+        conn.executescript(v6_ddl)
+        conn.execute("INSERT INTO meta VALUES ('schema_version', '6')")
+        conn.execute(
+            "INSERT INTO runs(name, command, cwd, started_at, host) VALUES ('old', '[]', '/', 1, 'h')"
+        )
+        conn.execute(
+            "INSERT INTO steps(run_id, step, start_s, end_s, kind, forward_s)"
+            " VALUES (1, 0, 0, 1, 'optimizer', 0.5)"
+        )
+    with RunStore(tmp_path) as store:
+        store.add_steps(
+            1,
+            [
+                {"step": 0, "worker": 1, "start_s": 1.0, "end_s": 2.0},
+                {"step": 0, "worker": 2, "start_s": 1.0, "end_s": 3.0},
+            ],
+        )
+        store.add_steps(1, [{"step": 0, "worker": 2, "start_s": 1.0, "end_s": 2.5}])  # replaced
+        store.delete_steps(1, 0, 0, worker=1)
+        steps = store.steps(1)
+        assert steps[["worker", "step", "end_s"]].values.tolist() == [[0, 0, 1.0], [2, 0, 2.5]]
+        assert steps["forward_s"].iloc[0] == 0.5
+        assert store.step_count(1) == (2, 1, 1)
+    with sqlite3.connect(tmp_path / "stepscope.db") as conn:
+        version = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        assert int(version[0]) == SCHEMA_VERSION == 7

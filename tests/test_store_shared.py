@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -92,6 +93,36 @@ def test_postgresql_store_keeps_types(tmp_path: Path, pg_url: str) -> None:
         assert (step["start_s"], step["end_s"], step["loss"]) == (t, t + 0.000_5, 0.25)
         sample = store.samples(run_id).iloc[0]
         assert (sample["t"], sample["value"], sample["host"]) == (t, 12_345_678_901.0, "node-b")
+
+
+def test_postgresql_version_6_store_is_migrated(tmp_path: Path, pg_url: str) -> None:
+    """Version 7 rebuilds the steps table (the worker joins its key) on PostgreSQL too:
+    rows kept, unix seconds still double precision, two workers' step 0 side by side."""
+    from stepscope.store.schema import DDL, ddl_for
+
+    t = 1_790_000_000.123456
+    v6_steps = re.search(r"CREATE TABLE IF NOT EXISTS steps \(.*?\n\);", DDL, re.S).group(0)
+    v6_steps = v6_steps.replace("(run_id, rank, worker, step)", "(run_id, rank, step)")
+    v6_steps = "\n".join(
+        ln
+        for ln in v6_steps.splitlines()
+        if not ln.strip().startswith(("worker", "-- 0:", "-- (a"))
+    )
+    with RunStore(tmp_path, url=pg_url) as store:
+        run_id = store.create_run(["python", "t.py"])
+        with store._db.begin() as conn:
+            store._db.script(conn, "DROP TABLE steps;\n" + ddl_for("postgresql", v6_steps))
+            store._db.script(conn, "UPDATE meta SET value='6' WHERE key='schema_version';")
+            store._db.script(
+                conn,
+                "INSERT INTO steps(run_id, step, start_s, end_s, kind)"
+                f" VALUES ({run_id}, 0, {t!r}, {t + 1!r}, 'optimizer');",
+            )
+    with RunStore(tmp_path, url=pg_url) as store:
+        store.add_steps(run_id, [{"step": 0, "worker": 1, "start_s": t, "end_s": t + 0.5}])
+        steps = store.steps(run_id)
+        assert steps[["worker", "step"]].values.tolist() == [[0, 0], [1, 0]]
+        assert steps["start_s"].tolist() == [t, t]
 
 
 # -- members and ranks -------------------------------------------------------------------

@@ -63,13 +63,20 @@ def distribution(seconds: np.ndarray) -> dict[str, float]:
     return out
 
 
+def process_keys(steps: pd.DataFrame) -> list[str]:
+    """The columns that name one process's series of steps: its rank, and its worker
+    where the job trained in processes of its own (a hogwild job; store's ``steps``)."""
+    return ["rank", "worker"] if "worker" in steps else ["rank"]
+
+
 def per_rank_rate(timed: pd.DataFrame, column: str | None) -> float | None:
-    """Global rate: per rank, the sum of ``column`` (None: one per step) over that rank's
-    wall time, summed over ranks; None where the column is unknown or no time passed."""
+    """Global rate: per process (rank, worker), the sum of ``column`` (None: one per
+    step) over its wall time, summed over processes; None where the column is unknown or
+    no time passed."""
     if column is not None and (column not in timed or timed[column].isna().all()):
         return None
     total = 0.0
-    for _, rows in timed.groupby("rank"):
+    for _, rows in timed.groupby(process_keys(timed)):
         if column is not None:
             rows = rows[rows[column].notna()]
         seconds = float(wall_times(rows).sum())

@@ -21,6 +21,11 @@ Decisions, and why:
   "iterations per second" means to the user), ``samples_per_s`` is global: every
   rank's samples together, the job's real throughput.
 * ``steps`` counts rows over all ranks, as the store does; ``steps_per_rank`` splits it.
+* **Workers.** A job that trains in processes it starts itself (hogwild:
+  ``torch.multiprocessing`` workers sharing a model, no ranks) has one series of steps per
+  worker (``collectors/workers.py``). Each worker is a process as a rank is: warm-up per
+  worker, rates per worker and summed, step times pooled; ``workers`` counts those that
+  trained and ``steps_per_worker`` splits their steps.
 * **Outlier waits.** The data-wait share is a ratio of sums, so one long pause inside
   ``DataLoader.__next__`` (a garbage-collection pause, a cold cache, a lazy file open)
   can make a job whose median wait is 0.4 ms look "highly input-bound" (a real
@@ -60,7 +65,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stepscope.analyzers.latency import latency_summary, per_rank_rate
+from stepscope.analyzers.latency import latency_summary, per_rank_rate, process_keys
 
 WARMUP_FRACTION = 0.10
 WARMUP_MAX = 5
@@ -107,6 +112,8 @@ def summarize_steps(
         "steps": int(len(steps)),
         "ranks": [],
         "steps_per_rank": {},
+        "workers": 0,
+        "steps_per_worker": {},
         "timed_steps": 0,
         "warmup_steps": 0,
         "warmup_time_s": None,
@@ -135,16 +142,21 @@ def summarize_steps(
     ranks = sorted(int(r) for r in df["rank"].unique())
     out["ranks"] = ranks
     out["steps_per_rank"] = {str(r): int((df["rank"] == r).sum()) for r in ranks}
+    if "worker" in df:
+        trained = df[df["worker"] > 0].groupby(["rank", "worker"]).size()
+        out["workers"] = int(len(trained))
+        out["steps_per_worker"] = {
+            (str(w) if len(ranks) == 1 else f"{r}.{w}"): int(n) for (r, w), n in trained.items()
+        }
 
     is_warmup = _warmup_mask(df, warmup)
     profiled = _profiled_mask(df)
     warm = df[is_warmup]
-    out["warmup_steps"] = int(warm.groupby("rank").size().max()) if len(warm) else 0
+    keys = process_keys(df)
+    out["warmup_steps"] = int(warm.groupby(keys).size().max()) if len(warm) else 0
     if len(warm):
-        # wall time until the slowest rank is past its warm-up
-        out["warmup_time_s"] = float(
-            warm.groupby("rank")["end_s"].max().max() - warm.groupby("rank")["start_s"].min().min()
-        )
+        # wall time until the slowest process is past its warm-up
+        out["warmup_time_s"] = float(warm["end_s"].max() - warm["start_s"].min())
     out["profiled_steps"] = int(np.sum(profiled))
 
     timed = df[~is_warmup & ~profiled]
@@ -183,7 +195,11 @@ def summarize_steps(
         out["latency"] = latency_summary(timed)
 
     if "loss" in df:
-        losses = df[df["rank"] == ranks[0]]["loss"].dropna()
+        # one process's losses (rank 0's; its first worker's when workers trained)
+        first = df[df["rank"] == ranks[0]]
+        if "worker" in first and first["loss"].notna().any():
+            first = first[first["worker"] == first.loc[first["loss"].notna(), "worker"].min()]
+        losses = first["loss"].dropna()
         losses = losses[np.isfinite(losses.to_numpy(dtype=float))]
         if len(losses):
             out["loss_first"] = float(losses.iloc[0])
@@ -204,16 +220,17 @@ def timed_steps(steps: pd.DataFrame, warmup: int | None = None) -> pd.DataFrame:
 
 
 def _ordered(steps: pd.DataFrame) -> pd.DataFrame:
-    df = steps.sort_values(["rank", "step"]).copy()
+    df = steps.sort_values([*process_keys(steps), "step"]).copy()
     df["step_time_s"] = (df["end_s"] - df["start_s"]).clip(lower=0.0)
     return df
 
 
 def _warmup_mask(df: pd.DataFrame, warmup: int | None) -> pd.Series:
-    """Warm-up per rank (each process has its own first steps), over ``_ordered`` rows."""
-    position = df.groupby("rank").cumcount()
+    """Warm-up per process (each has its own first steps), over ``_ordered`` rows."""
+    keys = process_keys(df)
+    position = df.groupby(keys).cumcount()
     if warmup is None:
-        limit = df.groupby("rank")["step"].transform("size").map(default_warmup)
+        limit = df.groupby(keys)["step"].transform("size").map(default_warmup)
     else:
         limit = pd.Series(max(0, int(warmup)), index=df.index)
     return position < limit
@@ -276,7 +293,7 @@ def _evenly_spaced(timed: pd.DataFrame, mask: np.ndarray) -> bool:
     """Do the flagged steps recur on a schedule (per rank, gaps within PERIODIC_GAP_RATIO)?"""
     gaps: list[float] = []
     flagged = timed[mask]
-    for _, rows in flagged.groupby("rank"):
+    for _, rows in flagged.groupby(process_keys(flagged)):
         gaps.extend(np.diff(np.sort(rows["step"].to_numpy(dtype=float))).tolist())
     if len(gaps) < PERIODIC_MIN_COUNT - 1 or min(gaps) <= 0:
         return False

@@ -63,6 +63,19 @@ def fmt_pct(share: float | None, digits: int = 1, none: str = "—") -> str:
     return none if missing(share) else f"{share * 100:.{digits}f} %"
 
 
+def steps_recorded(summary: dict[str, Any]) -> str:
+    """ "189 steps, 2 training workers (94 + 94)": the step count with the processes it
+    came from (ranks, a hogwild job's workers), as the CLI and the Run page say it."""
+    ranks = len(summary.get("ranks") or [])
+    text = f"{summary['steps']} steps" + (f" over {ranks} ranks" if ranks > 1 else "")
+    per_worker = summary.get("steps_per_worker") or {}
+    if per_worker:
+        plural = "s" if len(per_worker) > 1 else ""
+        counts = " + ".join(str(n) for n in per_worker.values())
+        text += f", {len(per_worker)} training worker{plural} ({counts})"
+    return text
+
+
 def fmt_ratio(x: float | None, none: str = "—") -> str:
     """A speed-up: 1.234 is "1.23x"."""
     return none if missing(x) else f"{x:.2f}x"

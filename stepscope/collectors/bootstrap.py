@@ -70,11 +70,14 @@ class _Bootstrap:
         self.applier: Any = None  # the plan's installer (fixes/install.py), in a trial
         self._prev_excepthook: Any = None
         self._interrupted = False
+        self._closed = False
+        self._parent_writers: list[Any] = []  # a forked child's copies: never used, never closed
 
     def start(self) -> None:
         self._prev_excepthook = sys.excepthook
         sys.excepthook = self._excepthook
         atexit.register(self._close_writer)  # registered first, so it runs last
+        os.register_at_fork(after_in_child=self._after_fork_in_child)
         if "torch" in sys.modules:
             self.on_torch_imported()
         else:
@@ -188,11 +191,50 @@ class _Bootstrap:
         rank = self.current_rank()
         writer = self.writer()
         writer.rank = rank  # the rank may have come from torch.distributed just now
+        writer.worker = worker = int(self.timer.worker or 0) if self.timer is not None else 0
+        if worker:
+            self._at_worker_exit()
+            writer.log("info", "step_timer", f"training process {os.getpid()}: worker {worker}")
+            return  # the rank's process records the device and the rank's host
         info = device_info()
         info["rank"] = rank
         writer.merge_run_json("device", info if rank == 0 else {f"rank{rank}": info})
         with contextlib.suppress(Exception):  # which node each rank ran on (multi-node runs)
             writer.register_rank(rank, socket.gethostname(), os.getpid())
+
+    def _at_worker_exit(self) -> None:
+        """A worker started with fork or forkserver leaves by ``os._exit``: no atexit
+        handler runs there, multiprocessing's own finalizers do (spawned ones run both)."""
+        # local: a worker's process has imported multiprocessing already
+        from multiprocessing import util
+
+        util.Finalize(None, self._close_writer, exitpriority=0)
+        # A Pool's workers are ended with SIGTERM (``Pool.terminate``, the ``with`` block's
+        # exit): their last steps are written first, then the signal does what it did.
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            with contextlib.suppress(ValueError):  # not the main thread: left as it is
+                signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        if self._closed:
+            # already leaving: a Pool's worker that took its sentinel is closing its
+            # writer when terminate() signals it; dying now would lose its last steps
+            return
+        with contextlib.suppress(Exception):
+            self._close_writer()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def _after_fork_in_child(self) -> None:
+        """A child forked before any step may train as a worker (forkserver's children
+        import torch after the fork): its writer is its own (the parent's thread is not
+        in this process; its buffered rows are the parent's)."""
+        if self.timer is not None and not self.timer.fresh():
+            return  # the child's timer is inert: nothing to write, pid checks keep it quiet
+        self.pid = os.getpid()
+        if self._writer is not None:
+            self._parent_writers.append(self._writer)
+            self._writer = None
 
     # -- exit paths -------------------------------------------------------------------
     def _finalize_timer(self) -> None:
@@ -202,8 +244,9 @@ class _Bootstrap:
             self.timer.finalize()
 
     def _close_writer(self) -> None:
-        if os.getpid() != self.pid:
+        if os.getpid() != self.pid or self._closed:
             return
+        self._closed = True
         self._finalize_timer()
         if self._writer is not None:
             self._writer.close()

@@ -297,8 +297,10 @@ def _finalise(
         store.update_run(run_id, error=None)
         store.log_event(run_id, "warning", "launcher", f"a child process raised: {run['error']}")
 
-    steps, ranks = store.step_count(run_id)
+    steps, ranks, workers = store.step_count(run_id)
     counted = f"{steps} steps" if ranks <= 1 else f"{steps} steps over {ranks} ranks"
+    if workers:
+        counted += f" ({workers} training worker process{'es' if workers > 1 else ''})"
     how = status if status in ("completed", "stopped") else f"{status} (exit code {exit_code})"
     if not quiet and not ended:  # one node of a multi-node run; the others go on
         node = "this node" if member.node_rank is None else f"node {member.node_rank}"

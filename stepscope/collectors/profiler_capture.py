@@ -43,6 +43,7 @@ from typing import Any
 
 from stepscope.collectors.capture_auto import GENERATION_STEPS, AutoTrigger, not_taken
 from stepscope.collectors.control import CapturePoller
+from stepscope.collectors.workers import claim_capture
 from stepscope.store.artifacts import (
     ArtifactError,
     BackgroundUploads,
@@ -103,6 +104,7 @@ class CaptureController:
         self._memory_history = False
         self._said_cpu_memory = False
         self._stem = ""
+        self._claim = False  # this process holds its rank's scheduled capture
         try:
             self._location, self._location_error = artifact_location(), ""
         except ArtifactError as exc:  # said in the run's log at the first capture
@@ -127,10 +129,14 @@ class CaptureController:
                 return True
             if self.profile_at is not None and next_step >= self.profile_at:
                 self.profile_at = None  # fires once
+                if not self._claimed():
+                    return False
                 self._start(next_step, self.profile_steps, "scheduled", None)
                 return True
             if self.auto is not None and self.auto.due(next_step):
                 reason, self.auto = self.auto.reason, None  # fires once
+                if not self._claimed():
+                    return False
                 steps = GENERATION_STEPS if self.generation else self.profile_steps
                 self._start(next_step, steps, reason, None)
                 return True
@@ -144,6 +150,15 @@ class CaptureController:
             self._fail(exc)
             return True
         return False
+
+    def _claimed(self) -> bool:
+        """The rank's scheduled capture is this process's (a hogwild job's workers are
+        one rank: the first to get here takes it; ``workers.py``)."""
+        if not self._claim:
+            self._claim = claim_capture(self.run_dir, self.rank)
+            if not self._claim:
+                self._scheduled_at, self._auto_armed = None, False  # rearm() has none
+        return self._claim
 
     def close(self, next_step: int | None = None) -> None:
         """End an open window early (job stopping): keep what was captured. A job that

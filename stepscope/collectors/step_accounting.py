@@ -32,6 +32,7 @@ from time import perf_counter
 from typing import Any
 
 from stepscope.collectors.step_row import add_phases, public, sum_or_none
+from stepscope.collectors.workers import training_worker
 
 # Steps right after a capture window run slow (the profiler's teardown, cold caches):
 # flagged like the captured ones and left out of the step-time figures.
@@ -161,7 +162,9 @@ class StepAccounting:
             self.rank = self._dist_rank()
             if self.capture is not None:
                 self.capture.rank = self.rank
-        row["rank"] = self.rank
+        if self.worker is None:
+            self.worker = training_worker(self._torch)
+        row["rank"], row["worker"] = self.rank, self.worker
         row["step"] = self.step
         self.step += 1
         if row.get("kind") == "generate" and self.capture is not None:

@@ -85,6 +85,7 @@ class StepTimer(OptimizerSteps, ForwardSteps, GenerationSteps, StepAccounting):
         # first step (mp.spawn-style jobs), else 0.
         self.rank = rank or 0
         self._rank_known = rank is not None
+        self.worker: int | None = None  # known at the first step (workers.py)
         self.max_steps = max_steps if max_steps and max_steps > 0 else None
         self.capture = capture
         self._on_first_step = on_first_step
@@ -189,9 +190,16 @@ class StepTimer(OptimizerSteps, ForwardSteps, GenerationSteps, StepAccounting):
         self._fwd_handles = []
 
     def _after_fork_in_child(self) -> None:
-        # A forked child (DataLoader worker, multiprocessing) shares our hooks but is
-        # not the rank: it must record nothing.
-        self.inert = True
+        # A forked child shares our hooks. Forked before this process began its steps, it
+        # may train as a worker of its own (a hogwild job started with fork or
+        # forkserver; workers.py), and a DataLoader worker still turns inert at its first
+        # activity; forked mid-run it copied a step under way: it records nothing.
+        if not self.fresh():
+            self.inert = True
+
+    def fresh(self) -> bool:
+        """No step has begun in this process (a fork now gives the child a clean timer)."""
+        return self.start_s is None and self.step == 0 and not self.inert
 
     # -- failure containment --------------------------------------------------------------
     def _disable(self, what: str, exc: BaseException) -> None:

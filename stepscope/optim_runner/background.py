@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from stepscope.optim_runner import plan as planning
+from stepscope.optim_runner.adaptive import check_budget
 from stepscope.optim_runner.experiment import (
     DEFAULT_STEPS,
     DEFAULT_TRIALS,
@@ -53,6 +54,8 @@ def start_experiment(
     output_tolerance: float | None = None,
     min_agreement: float | None = None,
     draft_model: str | None = None,
+    budget_min: float | None = None,
+    full: bool = False,
 ) -> int:
     """Start an experiment in a background process; returns its id at once.
 
@@ -63,6 +66,7 @@ def start_experiment(
     """
     check_size(steps, trials)
     check_limits(output_tolerance, min_agreement)
+    check_budget(budget_min, full)
     with RunStore(home) as store:
         planned = planning.choose_fixes(store, baseline_run_id, fixes, allow_numerics, draft_model)
         if not planned:
@@ -77,6 +81,8 @@ def start_experiment(
             "output_tolerance": output_tolerance,  # the output guard's (inference jobs)
             "min_agreement": min_agreement,
             "draft_model": draft_model,
+            "budget_min": budget_min,  # None: the default (adaptive.py)
+            "full": full,
         }
         return _spawn(store, baseline_run_id, config)
 
@@ -184,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
                 "output_tolerance": cfg.get("output_tolerance"),
                 "min_agreement": cfg.get("min_agreement"),
                 "draft_model": cfg.get("draft_model"),
+                "budget_min": cfg.get("budget_min"),
+                "full": bool(cfg.get("full")),
                 "experiment_id": args.experiment,
             }
             if cfg.get("kind") == SWEEP_KIND:

@@ -3,9 +3,10 @@
 ``run_experiment`` takes a baseline run from the store and re-runs its recorded command
 (same cwd, same arguments, bounded to ``steps``) as several *arms*: the baseline itself,
 every chosen fix together, and each fix alone (the ablation: which fix earned what).
-Each arm runs ``trials`` times; the result per candidate is the ratio of median step
-times (and of samples/s) against the baseline with a bootstrap 95 % interval, and a
-quality guard on the losses.
+Each arm runs at most ``trials`` times (fewer once its verdict is clear, unless
+``full``); the result per candidate is the ratio of median step times (and of
+samples/s) against the baseline with a bootstrap 95 % interval, and a quality guard on
+the losses.
 
 This module runs the experiment from start to end; the parts live beside it:
 
@@ -13,6 +14,8 @@ This module runs the experiment from start to end; the parts live beside it:
 * ``failures.py``: crashes, out-of-memory errors, hangs and time limits, fixes that did
   not take effect (a failing candidate costs only itself);
 * ``verdict.py``: ratios, intervals, the fixes kept, notes on the result;
+* ``adaptive.py``, ``design.py``: which arms stop early, when the experiment ends;
+* ``repeats.py``: trials run again because other work competed for the cores;
 * ``background.py``: an experiment in a background process (the dashboard).
 
 Decisions taken here, and why:
@@ -22,8 +25,13 @@ Decisions taken here, and why:
   user asked to try them; the trial's log says what each replaced.
 * **The kept combination is measured.** When no arm ran exactly the fixes worth
   keeping, a confirmation arm runs them against baseline trials run beside it.
+* **Adaptive by default** (``adaptive.py``, ``design.py``): after every round, once
+  every arm has ``MIN_TRIALS`` trials, an arm whose interval is decided stops getting
+  trials, and the experiment ends when the best candidate is clear or its budget
+  (``budget_min``) would be overrun; ``full=True`` runs every trial as before.
 * **Other work on the machine** during the trials is measured from the system samples
-  and reported with a warning (``contention``).
+  and reported with a warning (``contention``); a trial it spoilt is run again, up to a
+  limit (``repeats.py``).
 * **Everything in the store.** The trial runs are ordinary runs linked to the baseline
   (``parent_run_id``, their arm in ``config``, the plan in their folder); the
   experiment row holds progress while it runs and the full result at the end, so a
@@ -36,9 +44,12 @@ from typing import Any
 
 from stepscope.analyzers.generation import is_generation
 from stepscope.optim_runner import plan as planning
+from stepscope.optim_runner.adaptive import DEFAULT_BUDGET_MIN, budget_text, check_budget
 from stepscope.optim_runner.contention import contention
+from stepscope.optim_runner.design import Design
 from stepscope.optim_runner.output_guard import DEFAULT_RECORDED_CALLS, check_limits, is_inference
 from stepscope.optim_runner.plan import PlannedFix
+from stepscope.optim_runner.repeats import Repeats, default_limit
 from stepscope.optim_runner.trial_loop import (
     ExperimentError,
     ExperimentInterrupted,
@@ -47,7 +58,7 @@ from stepscope.optim_runner.trial_loop import (
     process_started_at,
     run_recorded,
 )
-from stepscope.optim_runner.trials import Arm, candidate_arms, rotated
+from stepscope.optim_runner.trials import Arm, candidate_arms
 from stepscope.optim_runner.verdict import (
     annotate,
     best_from,
@@ -63,6 +74,7 @@ DEFAULT_TRIALS = 3
 
 # The loop's names, imported from here by the CLI, the dashboard and the sweep.
 __all__ = [
+    "DEFAULT_BUDGET_MIN",
     "DEFAULT_STEPS",
     "DEFAULT_TRIALS",
     "ExperimentError",
@@ -97,6 +109,9 @@ def run_experiment(
     output_tolerance: float | None = None,
     min_agreement: float | None = None,
     draft_model: str | None = None,
+    budget_min: float | None = None,
+    full: bool = False,
+    busy_repeats: int | None = None,
 ) -> dict[str, Any]:
     """Run an experiment on ``baseline_run_id`` in the foreground; returns its result.
 
@@ -107,11 +122,17 @@ def run_experiment(
     row created beforehand (``background.start_experiment``). ``keep_explicit``: keep
     the values the script set itself instead of replacing them. ``output_tolerance``,
     ``min_agreement``: the output guard's limits for an inference job (None: defaults,
-    ``output_guard.py``). Raises ValueError when
-    there is nothing to try, ExperimentError when the baseline fails, KeyboardInterrupt
-    when stopped; the experiment row says so in each case.
+    ``output_guard.py``). ``trials`` is the most per arm: the design is adaptive
+    (``adaptive.py``: decided arms stop, the experiment ends when it knows or when
+    ``budget_min``, default ``DEFAULT_BUDGET_MIN``, would be overrun) unless ``full``
+    (every trial, no budget). ``busy_repeats``: trials run again because other work
+    competed, at most, per experiment (default ``repeats.default_limit()``; 0: none).
+    Raises ValueError when there is nothing to try or a budget is refused,
+    ExperimentError when the baseline fails, KeyboardInterrupt when stopped; the
+    experiment row says so in each case.
     """
     check_size(steps, trials)
+    check_budget(budget_min, full)
     check_limits(output_tolerance, min_agreement)
     baseline_run = store.run(baseline_run_id)
     if not baseline_run.get("command"):
@@ -143,6 +164,9 @@ def run_experiment(
         "generation": generation,
         "output_tolerance": output_tolerance,
         "min_agreement": min_agreement,
+        "full": full,
+        "budget_min": None if full else (budget_min or DEFAULT_BUDGET_MIN),
+        "busy_repeats": default_limit() if busy_repeats is None else max(0, busy_repeats),
     }
     return run_recorded(
         store,
@@ -173,6 +197,8 @@ class _Runner(TrialLoop):
         self.confirm_baseline = Arm("baseline", "baseline", [])
         self.confirm: Arm | None = None
         self.outcomes: dict[str, dict[str, Any]] = {}
+        self.design = Design(bool(config.get("full")), config.get("budget_min"), config["trials"])
+        self.repeats = Repeats(int(config.get("busy_repeats") or 0))
 
     # -- running -------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -192,13 +218,28 @@ class _Runner(TrialLoop):
         return self._result(fixes, best)
 
     def _evaluate(self, arm: Arm, against: Arm | None = None) -> dict[str, Any]:
-        return evaluate(
+        out = evaluate(
             self.store,
             arm,
             self.baseline,
             self.config["tolerance"],
             against,
             limits=self.config,  # the output guard's limits, for an inference job
+        )
+        out["stopped"] = arm.stopped  # why it got fewer trials (the adaptive design)
+        return out
+
+    def _why_ended(self, phase: str) -> str | None:
+        return self.design.ended.get(phase)
+
+    def _between_rounds(self, phase: str, k: int, arms: list[Arm]) -> bool:
+        against = None if arms[0] is self.baseline else arms[0]  # the confirmation's own
+        return self.design.between_rounds(
+            phase,
+            arms,
+            lambda arm: self._evaluate(arm, against),
+            self.trial_s,
+            lambda arm, why: self._stop(arm, why, k),
         )
 
     def _all_arms(self) -> list[Arm]:
@@ -224,14 +265,17 @@ class _Runner(TrialLoop):
         return best_from(top["fixes"], top, confirmed=top["name"] == "confirm")
 
     def _confirm(self, kept: list[str]) -> None:
-        """Run the kept combination against the baseline once more (interleaved)."""
+        """Run the kept combination against the baseline once more (interleaved), unless
+        the budget cannot hold a round of it."""
+        if not self.design.budget_allows(["baseline", "confirm"], self.trial_s):
+            self.design.ended["confirm"] = (
+                f"{budget_text(self.design.budget_min or 0.0)}: "
+                "the kept fixes were not measured together"
+            )
+            return
         self.confirm = Arm("confirm", "confirm", [f for f in self.planned if f.id in kept])
         self.total += 2 * self.config["trials"]
-        for k in range(self.config["trials"]):
-            for arm in rotated([self.confirm_baseline, self.confirm], k):
-                if arm.failed:
-                    continue
-                self._trial(arm, k, "confirm")
+        self._rounds("confirm", [self.confirm_baseline, self.confirm], record=False)
         # against the baseline trials run beside it: the same drift hits both
         self.outcomes["confirm"] = self._evaluate(self.confirm, against=self.confirm_baseline)
 
@@ -274,7 +318,10 @@ class _Runner(TrialLoop):
             "measured": {k: v["measured"] for k, v in per_fix.items()},
             "best": best,
             "keep_explicit": bool(self.config.get("keep_explicit")),
+            # of the counted trials: a repeated one is in "repeated", not in any arm's runs
             "contention": contention(
                 [self.store.samples(r) for a in self._all_arms() for r in a.runs]
             ),
+            "design": self.design.to_json(self.rounds),
+            "repeated": self.repeats.to_json(),
         }

@@ -10,6 +10,11 @@ dashboard follows it), and how the experiment's row ends are the same, and live 
 * **The first arm is the reference.** When it fails, nothing is left to compare with
   and the experiment ends; any other arm that fails is dropped (``failures.py``) and its
   remaining trials leave the total, so the progress bar stays honest.
+* **Between rounds** an experiment may stop arms or end (``_between_rounds``: the
+  adaptive design, ``design.py``); a stopped arm's remaining trials, and the rounds not
+  run, leave the total as a failed arm's do.
+* **A busy trial is run again** where the experiment repeats them (``repeats.py``): its
+  run stays in the store, out of its arm's runs, and the total grows by one.
 * **The row tells the truth.** ``run_recorded`` marks the experiment completed with its
   result, or failed with one line and what is known so far, whatever ends it.
 """
@@ -25,6 +30,7 @@ from typing import Any
 import psutil
 
 from stepscope.optim_runner.failures import Timeouts, drop_if_failed, trial_error
+from stepscope.optim_runner.repeats import Repeats
 from stepscope.optim_runner.trials import Arm, launch_trial, rotated
 
 Progress = Callable[[dict[str, Any]], None]
@@ -64,6 +70,9 @@ class TrialLoop(ABC):
         self.done = 0
         self.total = len(arms) * config["trials"]
         self.timeouts = Timeouts(config["timeout_s"], store, base, config["steps"])
+        self.rounds: dict[str, int] = {}  # phase -> rounds run
+        self.trial_s: dict[str, list[float]] = {}  # arm name -> wall time of its trials
+        self.repeats: Repeats | None = None  # busy trials run again (None: never)
 
     @abstractmethod
     def run(self) -> dict[str, Any]:
@@ -76,28 +85,77 @@ class TrialLoop(ABC):
         """How the progress names an arm's fixes."""
         return arm.fix_ids
 
-    def _rounds(self, phase: str) -> None:
-        for k in range(self.config["trials"]):
-            order = rotated([a for a in self.arms if not a.failed], k)
-            self.order.append([a.name for a in order])
+    def _rounds(self, phase: str, arms: list[Arm] | None = None, record: bool = True) -> None:
+        """Rounds of ``arms`` (default: the experiment's; the first is the reference),
+        each arm still runnable once per round; ``record``: in ``arm_order``."""
+        arms = self.arms if arms is None else arms
+        trials = self.config["trials"]
+        for k in range(trials):
+            if k and not self._next_round(phase, k, arms):
+                break
+            order = rotated([a for a in arms if a.runnable], k)
+            if record:
+                self.order.append([a.name for a in order])
             for arm in order:
                 self._trial(arm, k, phase)
+            self.rounds[phase] = k + 1
+
+    def _next_round(self, phase: str, k: int, arms: list[Arm]) -> bool:
+        """Before round ``k``: whether it runs; what was decided goes to the progress,
+        and the trials that will not run leave its total."""
+        running = [a for a in arms if a.runnable]
+        go_on = self._between_rounds(phase, k, arms)
+        if not go_on:  # the rounds not run
+            self.total -= (self.config["trials"] - k) * sum(1 for a in arms if a.runnable)
+        stopped = [a for a in running if a.stopped]
+        ended = None if go_on else self._why_ended(phase)
+        if stopped or ended:
+            lines = [f"{a.name}: {a.stopped}" for a in stopped]
+            rounds = "confirmation rounds" if phase == "confirm" else "rounds"
+            lines += [f"no more {rounds}: {ended}"] if ended else []
+            self._decided(phase, k, {a.name: a.stopped for a in stopped}, ended, lines)
+        return go_on
+
+    def _why_ended(self, phase: str) -> str | None:
+        """Why ``phase`` ended before its last round (``_between_rounds`` said so)."""
+        return None
+
+    def _between_rounds(self, phase: str, k: int, arms: list[Arm]) -> bool:
+        """Before round ``k`` (>= 1): does it run? Every round runs unless a kind of
+        experiment decides otherwise (``experiment.py``: the adaptive design)."""
+        return True
+
+    def _stop(self, arm: Arm, why: str, k: int) -> None:
+        """No more trials for ``arm`` from round ``k`` on: they leave the total."""
+        arm.stopped = why
+        self.total -= self.config["trials"] - k
 
     def _trial(self, arm: Arm, k: int, phase: str) -> None:
-        self._report("trial_start", arm, k, phase)
-        run_id = launch_trial(
-            self.store,
-            self.id,
-            self.base,
-            arm,
-            k,
-            phase,
-            self.config,
-            self.timeouts.current(arm.fix_ids),
-        )
-        arm.runs.append(run_id)
-        run = self.store.run(run_id)
-        self.done += 1
+        """Trial ``k`` of ``arm``, run again while ``repeats`` says other work spoilt it."""
+        while True:
+            self._report("trial_start", arm, k, phase)
+            started = time.monotonic()
+            run_id = launch_trial(
+                self.store,
+                self.id,
+                self.base,
+                arm,
+                k,
+                phase,
+                self.config,
+                self.timeouts.current(arm.fix_ids),
+            )
+            self.trial_s.setdefault(arm.name, []).append(time.monotonic() - started)
+            arm.runs.append(run_id)
+            run = self.store.run(run_id)
+            self.done += 1
+            if self._counted(arm, run, k, phase):
+                return
+
+    def _counted(self, arm: Arm, run: dict[str, Any], k: int, phase: str) -> bool:
+        """Judge one trial's run: False when it is run again (busy); raises when the
+        experiment cannot go on."""
+        run_id = run["id"]
         if run["status"] == "interrupted":
             self._report("trial_end", arm, k, phase, run_id, run["status"])
             raise ExperimentInterrupted(f"trial run {run_id} was interrupted")
@@ -112,8 +170,16 @@ class TrialLoop(ABC):
             if error is not None:
                 # not run again: the remaining trials of this arm drop out of the total
                 self.total -= self.config["trials"] - 1 - k
+        if error is None and self.repeats is not None:
+            why = self.repeats.check(self.store, arm, run, k, phase)
+            if why is not None:
+                arm.runs.remove(run_id)  # kept in the store, out of the statistics
+                self.total += 1
+                self._report("trial_end", arm, k, phase, run_id, "repeated", note=why)
+                return False
         status = "failed" if arm.error else ("not applied" if arm.not_applied else "ok")
         self._report("trial_end", arm, k, phase, run_id, status, error)
+        return True
 
     def _report(
         self,
@@ -124,6 +190,7 @@ class TrialLoop(ABC):
         run_id: int | None = None,
         status: str | None = None,
         error: str | None = None,
+        note: str | None = None,
     ) -> None:
         state = {
             "event": event,
@@ -137,6 +204,39 @@ class TrialLoop(ABC):
             "run_id": run_id,
             "status": status,
             "error": error,
+            "note": note,
+            "runs": {a.name: list(a.runs) for a in self._all_arms()},
+            "t": time.time(),
+        }
+        self.store.update_experiment(self.id, progress=state)
+        if self.callback is not None:
+            self.callback(state)
+
+    def _decided(
+        self,
+        phase: str,
+        k: int,
+        stopped: dict[str, str | None],
+        ended: str | None,
+        lines: list[str],
+    ) -> None:
+        """The progress after a decision between rounds: its new total, and why."""
+        state = {
+            "event": "decision",
+            "done": self.done,
+            "total": self.total,
+            "arm": None,
+            "fixes": [],
+            "trial": k,
+            "trials": self.config["trials"],
+            "phase": phase,
+            "run_id": None,
+            "status": None,
+            "error": None,
+            "note": "; ".join(lines),
+            "lines": lines,
+            "stopped": stopped,
+            "ended": ended,
             "runs": {a.name: list(a.runs) for a in self._all_arms()},
             "t": time.time(),
         }
@@ -153,7 +253,10 @@ class TrialLoop(ABC):
             arm_order=self.order,
             runs={a.name: list(a.runs) for a in self._all_arms()},
             errors={a.name: a.error for a in self._all_arms() if a.failed},
+            stopped={a.name: a.stopped for a in self._all_arms() if a.stopped},
         )
+        if self.repeats is not None:
+            out["repeated"] = self.repeats.to_json()
         return out
 
 

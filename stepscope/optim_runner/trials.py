@@ -39,6 +39,7 @@ class Arm:
     failed_run: int | None = None
     not_applied: list[dict[str, str]] = field(default_factory=list)  # [{"fix", "why"}]
     plan: dict[str, Any] = field(default_factory=dict)  # more for its plan file (a sweep's)
+    stopped: str | None = None  # why an adaptive experiment stopped giving it trials
 
     @property
     def fix_ids(self) -> list[str]:
@@ -48,6 +49,11 @@ class Arm:
     def failed(self) -> bool:
         """Not run again: it failed, or its fixes did not take effect."""
         return self.error is not None or bool(self.not_applied)
+
+    @property
+    def runnable(self) -> bool:
+        """Gets the next round's trial: not failed, not stopped (``adaptive.py``)."""
+        return not self.failed and self.stopped is None
 
 
 # -- arms and their order ----------------------------------------------------------------

@@ -22,15 +22,15 @@ if TYPE_CHECKING:
     from stepscope.store.db import Db
 
 _STEP_COLUMNS = (
-    "run_id", "rank", "step", "start_s", "end_s", "data_wait_s", "device_s", "batch_size",
+    "run_id", "rank", "worker", "step", "start_s", "end_s", "data_wait_s", "device_s", "batch_size",
     "loss", "kind", "profiled", "forward_s", "backward_s", "optimizer_s",
 )  # fmt: skip
 # A step written again (a late CUDA-event resolution) replaces the earlier row.
 _INSERT_STEPS = (
     f"INSERT INTO steps({', '.join(_STEP_COLUMNS)})"
     f" VALUES ({', '.join('?' for _ in _STEP_COLUMNS)})"
-    " ON CONFLICT(run_id, rank, step) DO UPDATE SET "
-    + ", ".join(f"{c}=excluded.{c}" for c in _STEP_COLUMNS[3:])
+    " ON CONFLICT(run_id, rank, worker, step) DO UPDATE SET "
+    + ", ".join(f"{c}=excluded.{c}" for c in _STEP_COLUMNS[4:])
 )
 
 # pandas is imported inside the read functions only: the writer runs inside every
@@ -52,6 +52,7 @@ class RunRecords:
             (
                 run_id,
                 r.get("rank", 0),
+                r.get("worker", 0),
                 r["step"],
                 r["start_s"],
                 r["end_s"],
@@ -71,11 +72,12 @@ class RunRecords:
             return
         self._db.executemany(_INSERT_STEPS, data)
 
-    def delete_steps(self, run_id: int, rank: int, from_step: int) -> None:
-        """Remove a rank's steps from ``from_step`` on (hook steps superseded by marks)."""
+    def delete_steps(self, run_id: int, rank: int, from_step: int, worker: int = 0) -> None:
+        """Remove a process's steps from ``from_step`` on (hook steps superseded by marks)."""
         self._db.execute(
-            "DELETE FROM steps WHERE run_id=:run_id AND rank=:rank AND step>=:step",
-            {"run_id": run_id, "rank": rank, "step": from_step},
+            "DELETE FROM steps WHERE run_id=:run_id AND rank=:rank AND worker=:worker"
+            " AND step>=:step",
+            {"run_id": run_id, "rank": rank, "worker": worker, "step": from_step},
         )
 
     def add_samples(
@@ -176,17 +178,20 @@ class RunRecords:
     def steps(self, run_id: int) -> pd.DataFrame:
         """Every column of the run's steps, phases included (NULL: not recorded)."""
         return self._db.frame(
-            "SELECT * FROM steps WHERE run_id=:run_id ORDER BY rank, step", run_id=run_id
+            "SELECT * FROM steps WHERE run_id=:run_id ORDER BY rank, worker, step", run_id=run_id
         )
 
-    def step_count(self, run_id: int) -> tuple[int, int]:
-        """(steps, ranks) of the run: what the launcher's last line says, without pandas
-        (importing it costs the launcher of every run a quarter of a second)."""
+    def step_count(self, run_id: int) -> tuple[int, int, int]:
+        """(steps, ranks, workers) of the run: what the launcher's last line says, without
+        pandas (importing it costs the launcher of every run a quarter of a second).
+        ``workers``: the training processes multiprocessing started (worker > 0)."""
         row = self._db.row(
-            "SELECT COUNT(*) AS n, COUNT(DISTINCT rank) AS ranks FROM steps WHERE run_id=:run_id",
+            "SELECT COUNT(*) AS n, COUNT(DISTINCT rank) AS ranks,"
+            " COUNT(DISTINCT CASE WHEN worker > 0 THEN rank * 1000003 + worker END) AS workers"
+            " FROM steps WHERE run_id=:run_id",
             run_id=run_id,
         )
-        return (int(row["n"]), int(row["ranks"])) if row else (0, 0)
+        return (int(row["n"]), int(row["ranks"]), int(row["workers"])) if row else (0, 0, 0)
 
     def samples(self, run_id: int, wide: bool = False) -> pd.DataFrame:
         """Samples in long form (t, scope, metric, value, host), or wide: one column per

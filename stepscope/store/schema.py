@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 # Statuses a run can have. "running" is the only non-final one; a run whose launcher
 # vanished without finalising is turned into "lost" on the next read.
@@ -56,7 +56,10 @@ CREATE TABLE IF NOT EXISTS runs (
 CREATE TABLE IF NOT EXISTS steps (
     run_id       INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
     rank         INTEGER NOT NULL DEFAULT 0,
-    step         INTEGER NOT NULL,          -- 0-based, per rank
+    -- 0: the rank's own process; N: the training process multiprocessing numbered N
+    -- (a hogwild worker, a Pool worker: processes of the job that train without a rank)
+    worker       INTEGER NOT NULL DEFAULT 0,
+    step         INTEGER NOT NULL,          -- 0-based, per rank and worker
     start_s      REAL NOT NULL,             -- unix seconds (host clock)
     end_s        REAL NOT NULL,
     data_wait_s  REAL NOT NULL DEFAULT 0,   -- time inside DataLoader iterator __next__
@@ -70,7 +73,7 @@ CREATE TABLE IF NOT EXISTS steps (
     forward_s    REAL,                      -- inside the outermost module calls
     backward_s   REAL,                      -- inside Tensor.backward / autograd.backward
     optimizer_s  REAL,                      -- inside optimizer.step() and zero_grad()
-    PRIMARY KEY (run_id, rank, step)
+    PRIMARY KEY (run_id, rank, worker, step)
 );
 
 CREATE TABLE IF NOT EXISTS samples (
@@ -266,6 +269,28 @@ def _rebuilt(table: str, old: str, columns: str) -> str:
     )
 
 
+_STEPS_V6_COLUMNS = (
+    "run_id, rank, step, start_s, end_s, data_wait_s, device_s, batch_size, loss, kind,"
+    " profiled, forward_s, backward_s, optimizer_s"
+)
+
+
+def _copied(table: str, columns: str) -> str:
+    """SQL that rebuilds ``table`` from the DDL (a new primary key), keeping its rows.
+
+    Portable (PostgreSQL stores start at version 5): the copy is created under a new name
+    and renamed last, so its key's index never meets the old table's ``{table}_pkey``.
+    """
+    create = DDL.split(f"CREATE TABLE IF NOT EXISTS {table} (", 1)[1].split("\n);", 1)[0]
+    new = f"{table}_new"
+    return (
+        f"CREATE TABLE {new} ({create}\n);\n"
+        f"INSERT INTO {new}({columns}) SELECT {columns} FROM {table};\n"
+        f"DROP TABLE {table};\n"
+        f"ALTER TABLE {new} RENAME TO {table};\n"
+    )
+
+
 # version -> SQL that upgrades from version-1. New tables need no entry (the DDL
 # creates them with IF NOT EXISTS); new columns of existing tables do.
 MIGRATIONS: dict[int, str] = {
@@ -283,4 +308,5 @@ ALTER TABLE runs ADD COLUMN run_group TEXT;
 ALTER TABLE samples ADD COLUMN host TEXT;
 """,  # + the run_members and run_ranks tables
     6: "",  # the requests table (generation jobs)
+    7: _copied("steps", _STEPS_V6_COLUMNS),  # the worker column, in the primary key
 }

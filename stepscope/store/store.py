@@ -138,7 +138,7 @@ class RunStore(RunsTable, MembersTable, RunRecords, RequestsTable, FindingsTable
             self._check_not_newer(version)
             # A new database (version 0) was just created at the latest schema by the DDL.
             for v in range(version + 1 if version else SCHEMA_VERSION + 1, SCHEMA_VERSION + 1):
-                self._db.script(conn, MIGRATIONS[v])
+                self._db.script(conn, ddl_for(self.backend, MIGRATIONS[v]))
             self._db.script(conn, INDEXES)
             q(
                 conn,

@@ -43,6 +43,7 @@ class BufferedWriter:
         self.url = url  # None: $STEPSCOPE_STORE or the home's file, as RunStore resolves
         self.run_id = run_id
         self.rank = rank
+        self.worker = 0  # a training process multiprocessing started (step_timer.py)
         self.interval_s = interval_s
         # deque.append/popleft are atomic, so producers never take a lock
         self._steps: deque[dict[str, Any]] = deque()
@@ -65,6 +66,7 @@ class BufferedWriter:
     # -- producers (called from the job's threads; cheap) -----------------------------
     def add_step(self, row: dict[str, Any]) -> None:
         row.setdefault("rank", self.rank)
+        row.setdefault("worker", self.worker)
         self._steps.append(row)
 
     def add_request(self, row: dict[str, Any]) -> None:
@@ -144,7 +146,7 @@ class BufferedWriter:
                 store.add_steps(self.run_id, steps)
                 store.add_requests(self.run_id, requests)
                 for from_step in deletions:
-                    store.delete_steps(self.run_id, self.rank, from_step)
+                    store.delete_steps(self.run_id, self.rank, from_step, self.worker)
                 store.add_samples(self.run_id, samples)
                 for a in artifacts:
                     store.add_artifact(

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from stepscope import __version__
+from stepscope.app.cli.optimize_args import add_optimize, optimize_refusal
 from stepscope.store import RunNotFound, StoreError, default_home, resolve_store_url
 from stepscope.store.artifacts import ARTIFACTS_ENV, ArtifactError, artifact_location
 from stepscope.store.url import ENV_VAR as STORE_ENV
@@ -124,69 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     att.add_argument("--json", action="store_true", help="print JSON")
     att.add_argument("--quiet", action="store_true", help="no progress and no report")
 
-    opt = sub.add_parser(
-        "optimize",
-        help="re-run a run with fixes applied and measure the gain",
-        description="Re-run the run's command as a baseline and with the recommended fixes "
-        "(together and one by one), interleaved, and report each fix's measured speed-up "
-        # argparse %-formats a description only when it holds %(prog): one % here
-        "with a 95 % confidence interval and whether the loss stayed the same.",
-    )
-    opt.add_argument("run", help="run id, name, or 'last'")
-    opt.add_argument("--fixes", metavar="ID,...", help="fixes to try (default: recommended)")
-    opt.add_argument("--steps", type=int, default=30, help="steps per trial (default 30)")
-    opt.add_argument("--trials", type=int, default=3, help="trials per arm (default 3)")
-    opt.add_argument(
-        "--timeout",
-        type=float,
-        metavar="S",
-        help="seconds before a trial counts as hung (default: 5x the baseline, >= 60)",
-    )
-    opt.add_argument(
-        "--allow-numerics",
-        action="store_true",
-        help="also try fixes that change what the model computes (e.g. larger_batch)",
-    )
-    opt.add_argument(
-        "--keep-explicit",
-        action="store_true",
-        help="keep values the script set explicitly (num_workers=0 passed by the script "
-        "stays 0); by default a fix overrides them and the trial's log says what it replaced",
-    )
-    opt.add_argument(
-        "--output-tolerance",
-        type=float,
-        metavar="R",
-        help="inference jobs: largest difference of a regression output from the baseline's, "
-        "relative to its scale (default 0.01)",
-    )
-    opt.add_argument(
-        "--min-agreement",
-        type=float,
-        metavar="A",
-        help="inference jobs: least share of rows whose top-1 class is the baseline's "
-        "(default 0.99)",
-    )
-    opt.add_argument(
-        "--draft-model",
-        metavar="PATH",
-        help="generation jobs: a smaller model sharing the tokenizer (a from_pretrained "
-        "folder); speculative decoding is tried with it, greedy tokens must stay the same",
-    )
-    opt.add_argument(
-        "--sweep",
-        choices=("batch",),
-        help="instead of fixes: re-run an inference job at several batch sizes (a generation "
-        "job: its own requests' prompts, batched) and report throughput and p99 latency per "
-        "batch size (no --allow-numerics needed)",
-    )
-    opt.add_argument(
-        "--batch-factors",
-        metavar="F,...",
-        help="with --sweep batch: factors of the job's batch size (default 1,2,4,8); for a "
-        "generation job the batch sizes (default 1,2,4,8,16), and --steps the requests replayed",
-    )
-    opt.add_argument("--json", action="store_true", help="print JSON")
+    add_optimize(sub)
 
     demo = sub.add_parser(
         "demo",
@@ -329,6 +268,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 quiet=args.quiet,
             )
         if args.verb == "optimize":
+            refused = optimize_refusal(args)
+            if refused is not None:  # before anything starts, in one line
+                print(f"stepscope: {refused}", file=sys.stderr)
+                return 2
             from stepscope.app.cli.optimize import cmd_optimize  # local: see above
 
             return cmd_optimize(
@@ -345,6 +288,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 sweep=args.sweep,
                 batch_factors=args.batch_factors,
                 draft_model=args.draft_model,
+                budget=args.budget,
+                full=args.full,
             )
         if args.verb == "demo":
             from stepscope.app.cli.dashboard import bind_refusal  # local: see above

@@ -19,6 +19,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from stepscope.app.applied import not_applied_text
 from stepscope.app.cli import term
 from stepscope.app.cli.term import esc, say
+from stepscope.app.design_text import (
+    design_line,
+    repeat_line,
+    stopped_lines,
+    stopped_status,
+    trials_phrase,
+)
 from stepscope.app.formats import fmt_ci, fmt_ratio, guard_word, guarded
 from stepscope.app.ownership import rerun_refusal
 from stepscope.optim_runner.experiment import ExperimentError, run_experiment
@@ -39,6 +46,8 @@ def cmd_optimize(
     sweep: str | None = None,
     batch_factors: str | None = None,
     draft_model: str | None = None,
+    budget: float | None = None,
+    full: bool = False,
 ) -> int:
     if sweep is not None:
         # local: the sweep's module is for --sweep only
@@ -63,6 +72,8 @@ def cmd_optimize(
             output_tolerance=output_tolerance,
             min_agreement=min_agreement,
             draft_model=draft_model,
+            budget_min=budget,
+            full=full,
         ),
     )
     if result is None:
@@ -140,6 +151,12 @@ class ProgressView:
             self.progress.stop()
 
     def update(self, state: dict[str, Any]) -> None:
+        if state["event"] == "decision":  # between rounds: arms stopped, or the end
+            for line in state.get("lines") or []:
+                self.console.print(f"[yellow]{esc(line)}[/]")
+            if self.progress is not None:
+                self.progress.update(self.task, completed=state["done"], total=state["total"])
+            return
         if self.progress is None:
             if not self.said_hello:  # at the first trial: a refused experiment says only why
                 say(self.console, f"optimize run {self.run_id}: one line per trial run")
@@ -151,6 +168,10 @@ class ProgressView:
             else:  # 'not applied': the job ran, its fix did not take effect (not measured)
                 head = f"[yellow]{esc(state['arm'])}[/]"
             self.console.print(f"{head} (run {state['run_id']}): {esc(state['error'])}")
+        if state["event"] == "trial_end" and state.get("note"):  # a busy trial, run again
+            self.console.print(
+                f"[yellow]{esc(state['arm'])}[/] (run {state['run_id']}): {esc(state['note'])}"
+            )
         if self.progress is not None:
             label = f"{esc(state['arm'])} (trial {state['trial'] + 1}/{state['trials']})"
             if state["phase"] == "confirm":
@@ -193,7 +214,7 @@ def render(result: dict[str, Any], console: Any) -> None:
     unit, median = ("requests", "request") if result.get("guard") == "tokens" else ("steps", "step")
     console.print(
         f"[bold]Experiment {result['experiment_id']}[/] on run {result['baseline_run']}: "
-        f"{result['trials']} trials x {result['steps']} {unit} per arm, interleaved; "
+        f"{trials_phrase(result)} x {result['steps']} {unit} per arm, interleaved; "
         f"baseline median {median} {_secs(base['step_time_median_s'])}"
         f" (warm-up: {base['warmup']['steps']} {unit} excluded)"
     )
@@ -216,8 +237,11 @@ def render(result: dict[str, Any], console: Any) -> None:
     for col in ("p50 latency", "p99 latency") if inference else ():
         table.add_column(col)
     for c in result["candidates"]:
-        table.add_row(*_candidate_cells(c), *(_latency_cells(c) if inference else ()))
+        cells = _candidate_cells(c, stopped_status(c, result))
+        table.add_row(*cells, *(_latency_cells(c) if inference else ()))
     console.print(table)
+    for name, why in stopped_lines(result):
+        console.print(f"  [yellow]{esc(name)}[/]: {esc(why)}")
     for c in result["candidates"]:
         if c.get("status") == "not_applied":
             continue  # said in its row: the runner's error repeats the same reason
@@ -228,6 +252,9 @@ def render(result: dict[str, Any], console: Any) -> None:
     warning = (result.get("contention") or {}).get("warning")
     if warning:
         console.print(f"[bold yellow]warning: {esc(warning)}[/]")
+    repeated = repeat_line(result)
+    if repeated:
+        console.print(f"[yellow]{esc(repeated)}[/]")
 
     fixes = term.table(title="Predicted vs measured, per fix", title_justify="left")
     for col in ("fix", "parameters", "predicted (bound)", "measured", "95 % CI", "verdict", "keep"):
@@ -247,6 +274,9 @@ def render(result: dict[str, Any], console: Any) -> None:
     for f in result["fixes"]:
         if f.get("note"):
             console.print(f"  [bold]{esc(f['id'])}[/]: {esc(f['note'])}")
+    design = design_line(result)
+    if design:
+        console.print(f"[dim]{esc(design)}[/dim]")
     best = result["best"]
     if best["fixes"]:
         how = "confirmed in a run of its own" if best.get("confirmed") else "measured"
@@ -261,13 +291,15 @@ def render(result: dict[str, Any], console: Any) -> None:
         )
 
 
-def _candidate_cells(c: dict[str, Any]) -> tuple[str, ...]:
+def _candidate_cells(c: dict[str, Any], stopped: str | None = None) -> tuple[str, ...]:
     name, fixes = esc(c["name"]), esc(", ".join(c["fixes"]))
     if c.get("status") == "not_applied":
         why = f"[yellow]{esc(not_applied_text(c))}[/]"
         return name, fixes, "[yellow]not applied[/]", "-", "-", why, "-"
     failed = c.get("status") == "failed" or c.get("error")
     status = f"[red]{esc(c.get('failure') or 'failed')}[/]" if failed else esc(c["status"])
+    if stopped and not failed:
+        status = f"[yellow]{esc(stopped)}[/]"
     return (
         name,
         fixes,

@@ -27,7 +27,15 @@ from stepscope.app.cli import term
 from stepscope.app.cli.runs import run_duration
 from stepscope.app.cli.term import esc, print_json, status_text
 from stepscope.app.cli.verdict import verdict_lines
-from stepscope.app.formats import fmt_bytes, fmt_num, fmt_pct, fmt_s, fmt_time, missing
+from stepscope.app.formats import (
+    fmt_bytes,
+    fmt_num,
+    fmt_pct,
+    fmt_s,
+    fmt_time,
+    missing,
+    steps_recorded,
+)
 from stepscope.errors import one_line_error
 from stepscope.store import RunStore
 
@@ -197,8 +205,7 @@ def _print_show(d: dict[str, Any]) -> None:
     st = term.table(show_header=False, title=title, title_justify="left")
     st.add_column(style="bold")
     st.add_column(justify="right")
-    ranks = d["ranks"]
-    st.add_row("steps", f"{d['steps']}" + (f" over {len(ranks)} ranks" if len(ranks) > 1 else ""))
+    st.add_row("steps", steps_recorded(d))
     st.add_row("warm-up (excluded)", f"{d['warmup_steps']} steps, {fmt_s(d['warmup_time_s'])}")
     if d["profiled_steps"]:
         st.add_row("profiled (excluded)", str(d["profiled_steps"]))

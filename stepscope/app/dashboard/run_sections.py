@@ -24,7 +24,7 @@ from stepscope.app.dashboard import data
 from stepscope.app.dashboard.charts.latency import latency_histogram, latency_over_time
 from stepscope.app.dashboard.charts.steps import breakdown_bars, step_time_chart
 from stepscope.app.dashboard.hardware_sections import phase_section
-from stepscope.app.formats import fmt_bytes, fmt_num, fmt_pct, fmt_s
+from stepscope.app.formats import fmt_bytes, fmt_num, fmt_pct, fmt_s, steps_recorded
 
 
 # -- headline ------------------------------------------------------------------------
@@ -32,8 +32,12 @@ def headline(d: data.RunData) -> None:
     s = d.summary
     label, peak = data.peak_memory(d.samples)
     cols = st.columns(6)
-    cols[0].metric("steps/s", fmt_num(s["steps_per_s"]), help="per rank, timed steps only")
-    cols[1].metric("samples/s", fmt_num(s["samples_per_s"]), help="all ranks together")
+    cols[0].metric(
+        "steps/s",
+        fmt_num(s["steps_per_s"]),
+        help="per process (rank or training worker), timed steps only",
+    )
+    cols[1].metric("samples/s", fmt_num(s["samples_per_s"]), help="all ranks and workers together")
     cols[2].metric("step time p50", fmt_s(s["step_time_median_s"]))
     cols[3].metric("step time p95", fmt_s(s["step_time_p95_s"]))
     cols[4].metric(
@@ -48,7 +52,7 @@ def headline(d: data.RunData) -> None:
     if s["profiled_steps"]:
         left_out.append(f"{s['profiled_steps']} profiled")
     st.caption(
-        f"{s['steps']} steps recorded, {s['timed_steps']} timed"
+        f"{steps_recorded(s)} recorded, {s['timed_steps']} timed"
         + (f" ({' and '.join(left_out)} steps left out of the figures)" if left_out else "")
     )
 
@@ -125,8 +129,12 @@ def latency_section(d: data.RunData) -> None:
     cols = st.columns(7)
     for col, key in zip(cols, ("p50", "p90", "p95", "p99", "max"), strict=False):
         col.metric(f"latency {key}", fmt_s(lat[f"{key}_s"]))
-    cols[5].metric("requests/s", fmt_num(lat["requests_per_s"]), help="all ranks together")
-    cols[6].metric("samples/s", fmt_num(lat["samples_per_s"]), help="all ranks together")
+    cols[5].metric(
+        "requests/s", fmt_num(lat["requests_per_s"]), help="all ranks and workers together"
+    )
+    cols[6].metric(
+        "samples/s", fmt_num(lat["samples_per_s"]), help="all ranks and workers together"
+    )
     timed = timed_steps(d.steps)
     model = lat.get("model")
     model_s = timed["forward_s"].to_numpy(dtype=float) if model else None

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from stepscope.analyzers.latency import process_keys
 from stepscope.app.dashboard.charts.style import CATEGORY_COLORS, layout, step_labels
 
 
@@ -38,7 +39,10 @@ def breakdown_bars(per_step: pd.DataFrame, categories: Sequence[str]) -> go.Figu
 def step_time_chart(steps: pd.DataFrame, warmup_steps: int, median_s: float | None) -> go.Figure:
     """Step time over the run; warm-up and profiled steps (left out of the figures) marked."""
     fig = go.Figure()
-    for rank, g in steps.sort_values(["rank", "step"]).groupby("rank"):
+    keys = process_keys(steps)
+    many_ranks = steps["rank"].nunique() > 1
+    for key, g in steps.sort_values([*keys, "step"]).groupby(keys):
+        rank, worker = (*key, 0)[:2]
         g = g.reset_index(drop=True)
         ms = (g["end_s"] - g["start_s"]).to_numpy() * 1e3
         kind = np.where(
@@ -46,7 +50,8 @@ def step_time_chart(steps: pd.DataFrame, warmup_steps: int, median_s: float | No
             "warm-up",
             np.where(g["profiled"].fillna(0).astype(bool), "profiled", "timed"),
         )
-        prefix = f"rank {rank} " if steps["rank"].nunique() > 1 else ""
+        prefix = f"rank {rank} " if many_ranks else ""
+        prefix += f"worker {worker} " if worker else ""
         for label, colour in (
             ("timed", "#4C78A8"),
             ("warm-up", "#BAB0AC"),

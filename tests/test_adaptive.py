@@ -1,0 +1,402 @@
+"""`stepscope optimize` stops when it knows: arms that stop, the end, the budget, busy trials.
+
+The decisions are plain functions over synthetic figures (``adaptive.py``, ``design.py``,
+``repeats.py``), tested here fast and deterministically. The two real experiments assert
+what happened (statuses, counts, flags), never a speed-up measured on this machine; their
+one decision rests on a per-step sleep tripled by the candidate
+(tests/jobs/plan_effects.py), as the verdicts of test_experiment.py do.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from dashboard_helpers import experiment_result
+
+from stepscope.app.cli import main as cli
+from stepscope.app.cli.optimize import render
+from stepscope.app.cli.term import console
+from stepscope.app.design_text import design_line, repeat_line, stopped_status
+from stepscope.collectors.launcher import launch_run
+from stepscope.optim_runner import repeats as repeats_module
+from stepscope.optim_runner.adaptive import (
+    EVERY_DECIDED,
+    MIN_TRIALS,
+    Decision,
+    Interval,
+    budget_reached,
+    check_budget,
+    decide,
+    round_forecast,
+)
+from stepscope.optim_runner.design import Design
+from stepscope.optim_runner.experiment import run_experiment
+from stepscope.optim_runner.repeats import PER_ARM, Repeats, may_repeat
+from stepscope.optim_runner.trials import Arm
+from stepscope.store import RunStore
+
+JOBS = Path(__file__).resolve().parent / "jobs"
+
+
+def _iv(name: str, ratio: float, lo: float, hi: float, trials: int = 2, **kw: Any) -> Interval:
+    return Interval(name, trials, ratio, lo, hi, **kw)
+
+
+# -- the stopping rules ------------------------------------------------------------------
+def test_nothing_is_decided_before_every_arm_has_its_minimum_trials() -> None:
+    slow = _iv("slow", 0.5, 0.45, 0.55, trials=MIN_TRIALS - 1)
+    assert decide([slow], baseline_trials=MIN_TRIALS) == Decision({}, None)
+    ready = _iv("slow", 0.5, 0.45, 0.55)
+    assert decide([ready], baseline_trials=MIN_TRIALS - 1).stops == {}  # the baseline too
+    assert decide([ready], baseline_trials=MIN_TRIALS).stops  # then it stops
+
+
+def test_a_slower_arm_and_one_behind_the_best_stop_and_the_clear_best_ends_it() -> None:
+    decision = decide(
+        [
+            _iv("all", 1.50, 1.40, 1.60),
+            _iv("workers", 1.20, 1.10, 1.30),  # faster, but clearly behind "all"
+            _iv("compile", 0.62, 0.55, 0.70),  # clearly slower than the baseline
+        ],
+        baseline_trials=2,
+    )
+    assert decision.stops == {
+        "compile": "stopped after 2 trials: slower than the baseline (0.62x, 0.55-0.70)",
+        "workers": "stopped after 2 trials: behind the best candidate, all "
+        "(1.20x, 1.10-1.30, against 1.50x, 1.40-1.60)",
+    }
+    assert decision.end is not None and decision.end.startswith("all is clearly the fastest")
+
+
+def test_leaders_that_measure_alike_end_it_and_an_unsure_one_keeps_it_going() -> None:
+    # both clearly faster than the baseline and overlapping: more trials split hairs
+    leaders = decide([_iv("a", 1.5, 1.3, 1.7), _iv("b", 1.4, 1.25, 1.6)], baseline_trials=2)
+    assert leaders.stops == {}
+    assert leaders.end == (
+        "the candidates left are all clearly faster than the baseline and alike: "
+        "a (1.50x, 1.30-1.70), b (1.40x, 1.25-1.60)"
+    )
+    # the best is clear of 1, the next arm overlaps both it and 1: both go on
+    close = decide([_iv("a", 1.5, 1.3, 1.7), _iv("b", 1.2, 0.95, 1.4)], baseline_trials=2)
+    assert close.stops == {} and close.end is None
+    # alone and not clear of 1: it goes on (with the baseline) until it is decided
+    unsure = decide([_iv("a", 1.05, 0.97, 1.12)], baseline_trials=3)
+    assert unsure.stops == {} and unsure.end is None
+    # not measured yet (too few timed steps): never stopped, never the best
+    unknown = Interval("x", 2, None, None, None)
+    assert decide([unknown, _iv("a", 1.5, 1.4, 1.6)], baseline_trials=2).end is None
+
+
+def test_an_arm_whose_guard_failed_is_never_the_best() -> None:
+    """A faster arm whose loss changed cannot be kept: it must not stop the others."""
+    decision = decide(
+        [_iv("tf32", 3.0, 2.8, 3.2, keepable=False), _iv("fused", 1.3, 1.2, 1.4)],
+        baseline_trials=2,
+    )
+    assert decision.stops == {} and decision.end is None  # fused is not clear of tf32
+    slow_and_changed = _iv("tf32", 0.5, 0.4, 0.6, keepable=False)
+    assert "slower" in decide([slow_and_changed], baseline_trials=2).stops["tf32"]
+
+
+def test_the_experiment_ends_when_every_candidate_is_decided() -> None:
+    both_slower = decide([_iv("a", 0.6, 0.5, 0.7), _iv("b", 0.8, 0.7, 0.9)], baseline_trials=2)
+    assert set(both_slower.stops) == {"a", "b"} and both_slower.end == EVERY_DECIDED
+    assert decide([], baseline_trials=1).end == EVERY_DECIDED  # all failed or not applied
+    one = decide([_iv("a", 1.4, 1.2, 1.6)], baseline_trials=2)
+    assert one.end == "a is clearly faster than the baseline (1.40x, 1.20-1.60)"
+
+
+# -- the budget --------------------------------------------------------------------------
+def test_the_budget_is_reached_when_the_next_round_would_end_past_it() -> None:
+    trial_s = {"baseline": [10.0, 12.0], "all": [20.0], "slow": []}
+    # each arm's mean trial; an arm not run yet counts as the slowest one
+    assert round_forecast(trial_s, ["baseline", "all"]) == pytest.approx(31.0)
+    assert round_forecast(trial_s, ["baseline", "confirm"]) == pytest.approx(31.0)
+    assert round_forecast({}, ["baseline"]) is None
+    assert not budget_reached(60.0, 31.0, budget_min=2)  # 91 s of 120
+    assert budget_reached(90.0, 31.0, budget_min=2)  # 121 s of 120
+    assert not budget_reached(1e6, 31.0, budget_min=None)  # --full: no budget
+    assert not budget_reached(1e6, None, budget_min=1)  # no forecast before a trial ended
+
+
+def test_budgets_that_allow_nothing_are_refused() -> None:
+    check_budget(None, full=True)
+    check_budget(0.5, full=False)
+    for bad in (0, -3, float("nan")):
+        with pytest.raises(ValueError, match="--budget must be more than 0 minutes"):
+            check_budget(bad, full=False)
+    with pytest.raises(ValueError, match="--full runs every trial"):
+        check_budget(10, full=True)
+
+
+# -- the design between rounds (fake arms, synthetic figures) ------------------------------
+def _arms(**runs: int) -> list[Arm]:
+    return [Arm(name, "baseline" if name == "baseline" else "alone", [], runs=list(range(n)))
+            for name, n in runs.items()]  # fmt: skip
+
+
+FIGURES = {
+    "fast": {"speedup": 1.6, "ci": [1.5, 1.7], "quality_ok": True},
+    "slow": {"speedup": 0.5, "ci": [0.45, 0.55], "quality_ok": True},
+    "close": {"speedup": 1.3, "ci": [0.95, 1.65], "quality_ok": True},  # overlaps 1 and fast
+}
+
+
+def _between(design: Design, arms: list[Arm], trial_s: dict | None = None) -> tuple[bool, list]:
+    stopped: list[tuple[str, str]] = []
+
+    def stop(arm: Arm, why: str) -> None:
+        arm.stopped = why
+        stopped.append((arm.name, why))
+
+    go_on = design.between_rounds("trials", arms, lambda a: FIGURES[a.name], trial_s or {}, stop)
+    return go_on, stopped
+
+
+def test_the_design_stops_decided_arms_and_keeps_the_undecided() -> None:
+    design = Design(full=False, budget_min=30, max_rounds=4)
+    arms = _arms(baseline=2, fast=2, slow=2, close=2)
+    go_on, stopped = _between(design, arms)
+    assert go_on is True  # fast and close overlap: both go on
+    assert [name for name, _ in stopped] == ["slow"]
+    assert [a.name for a in arms if a.runnable] == ["baseline", "fast", "close"]
+    out = design.to_json({"trials": 2})
+    assert [out[k] for k in ("mode", "rounds", "max_rounds", "ended")] == ["adaptive", 2, 4, None]
+    assert set(out["stopped"]) == {"slow"}
+
+
+def test_the_design_ends_when_the_best_is_clear() -> None:
+    design = Design(full=False, budget_min=30, max_rounds=3)
+    go_on, stopped = _between(design, _arms(baseline=2, fast=2, slow=2))
+    assert go_on is False and [n for n, _ in stopped] == ["slow"]
+    assert design.ended["trials"].startswith("fast is clearly the fastest")
+
+
+def test_full_never_stops_and_has_no_budget() -> None:
+    design = Design(full=True, budget_min=0.001, max_rounds=3)
+    arms = _arms(baseline=2, fast=2, slow=2)
+    go_on, stopped = _between(design, arms, trial_s={"baseline": [1e6]})
+    assert go_on is True and stopped == [] and all(a.runnable for a in arms)
+    assert design.to_json({"trials": 3})["budget_min"] is None
+
+
+def test_the_design_stops_at_its_budget() -> None:
+    design = Design(full=False, budget_min=1, max_rounds=5)
+    arms = _arms(baseline=1, fast=1, close=1)  # nothing decided: close overlaps 1 and fast
+    go_on, _ = _between(design, arms, trial_s={"baseline": [25.0], "fast": [20.0]})
+    assert go_on is False  # 25 + 20 + 25 (close: as the slowest) > 60 s
+    assert design.ended["trials"] == "budget of 1 min reached"
+
+
+# -- busy trials -------------------------------------------------------------------------
+def _ticks(machine_pct: float, job_pct: float, n: int = 4) -> pd.DataFrame:
+    """Samples of a 2-core machine: the machine's CPU % and the job tree's, per tick."""
+    rows = [
+        (float(t), scope, metric, value)
+        for t in range(n)
+        for scope, metric, value in (
+            ("system", "cpu_percent", machine_pct),
+            ("system", "cpu_count", 2.0),
+            ("proc", "cpu_percent", job_pct),
+        )
+    ]
+    return pd.DataFrame(rows, columns=["t", "scope", "metric", "value"])
+
+
+class _Samples:
+    def __init__(self, samples: pd.DataFrame) -> None:
+        self.frame = samples
+
+    def samples(self, run_id: int) -> pd.DataFrame:
+        return self.frame
+
+
+def test_busy_trials_are_run_again_within_limits_then_counted() -> None:
+    busy = _Samples(_ticks(100.0, 50.0))  # 1.5 cores of other work
+    repeats = Repeats(limit=3)
+    arms = [Arm("baseline", "baseline", []), Arm("all", "all", [])]
+    seen = []
+    for run_id in range(10):  # an always-busy machine: it cannot loop for ever
+        arm = arms[run_id % 2]
+        seen.append(repeats.check(busy, arm, {"id": run_id}, 0, "trials") is not None)
+    assert seen == [True] * 3 + [False] * 7  # 3 in all, at most PER_ARM (2) of one arm
+    out = repeats.to_json()
+    assert out["count"] == 3 and [t["arm"] for t in out["trials"]] == [
+        "baseline",
+        "all",
+        "baseline",
+    ]
+    assert all(t["counted"] is False and t["other_cores"] == 1.5 for t in out["trials"])
+    assert out["busy_counted"] == list(range(3, 10)) and "the machine stayed busy" in out["note"]
+    # per arm: at most PER_ARM of one arm, whatever the experiment's limit
+    assert may_repeat(PER_ARM - 1, 0, 6) and not may_repeat(PER_ARM, 0, 6)
+    assert not may_repeat(0, 6, 6)
+    calm = Repeats(limit=6)
+    assert calm.check(_Samples(_ticks(80.0, 150.0)), arms[0], {"id": 1}, 0, "trials") is None
+    assert calm.check(_Samples(pd.DataFrame()), arms[0], {"id": 1}, 0, "trials") is None
+    assert Repeats(limit=0).check(busy, arms[0], {"id": 1}, 0, "trials") is None
+    assert calm.to_json()["note"] is None
+
+
+def test_the_repeat_limit_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(repeats_module.ENV, "4")
+    assert repeats_module.default_limit() == 4
+    monkeypatch.setenv(repeats_module.ENV, "")
+    assert repeats_module.default_limit() == repeats_module.PER_EXPERIMENT
+    monkeypatch.setenv(repeats_module.ENV, "many")
+    with pytest.raises(ValueError, match="whole number"):
+        repeats_module.default_limit()
+
+
+# -- the report --------------------------------------------------------------------------
+def test_the_report_says_what_stopped_why_and_how_many_rounds_ran() -> None:
+    result = experiment_result(7, 1, 2)
+    result["trials"] = 3
+    why = "stopped after 2 trials: slower than the baseline (0.62x, 0.55-0.70)"
+    cand = result["candidates"][1]
+    cand.update(stopped=why, runs=[11, 12])
+    result["design"] = {
+        "mode": "adaptive",
+        "budget_min": 30.0,
+        "min_trials": 2,
+        "rounds": 2,
+        "max_rounds": 3,
+        "ended": EVERY_DECIDED,
+        "stopped": {cand["name"]: why},
+        "confirm": None,
+    }
+    result["repeated"] = {"count": 2, "trials": [], "note": None}
+    assert stopped_status(cand, result) == "stopped (2 of 3 trials)"
+    text = _rendered(result)
+    assert "up to 3 trials x 12 steps per arm" in text
+    assert "stopped (2 of 3 trials)" in text
+    assert f"  prefetch_factor: {why}" in text.splitlines()
+    assert "adaptive design: 2 of at most 3 rounds ran (budget 30 min); ended early: every" in text
+    assert repeat_line(result) == (
+        "2 trials repeated: other work competed for the cores during them "
+        "(kept in the store, not counted)"
+    )
+    # a result stored before the adaptive design says nothing of it
+    old = experiment_result(7, 1, 2)
+    assert design_line(old) is None and repeat_line(old) is None
+    assert "up to" not in _rendered(old) and "adaptive" not in _rendered(old)
+
+
+def _rendered(result: dict) -> str:
+    buf = io.StringIO()
+    render(result, console(file=buf))
+    return buf.getvalue()
+
+
+# -- the CLI's arguments -----------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--budget", "0"], "--budget must be more than 0 minutes (got 0)"),
+        (["--budget", "-5"], "--budget must be more than 0 minutes (got -5)"),
+        (["--full", "--budget", "10"], "--full runs every trial: it takes no --budget"),
+        (["--sweep", "batch", "--full"], "--budget and --full are for experiments with fixes"),
+    ],
+)
+def test_refused_budgets_are_one_line_and_start_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    home = tmp_path / "home"
+    assert cli.main(["--home", str(home), "optimize", "last", *args]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.count("\n") == 1
+    assert out.err.startswith(f"stepscope: {message}")
+    assert not home.exists()  # no store opened, nothing started
+
+
+# -- real experiments --------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def slow_fix(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
+    """A store with a run of the job whose channels_last triples each step's sleep."""
+    home = tmp_path_factory.mktemp("adaptive") / "home"
+    command = [sys.executable, str(JOBS / "plan_effects.py"), "--steps", "40", "--wait", "0.05"]
+    command += ["--effect", "channels_last=slow"]
+    run_id, code = launch_run(command, home=home, max_steps=6, quiet=True)
+    assert code == 0
+    return home, run_id
+
+
+def test_a_real_experiment_records_its_early_stop_and_keeps_the_total_honest(
+    slow_fix: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three trials at most: after the first round, the slower candidate stops and the
+    experiment ends. Every trial also counts as busy here (the threshold below any
+    load), so the first ones are run again up to the limit of 2, then counted."""
+    home, run_id = slow_fix
+    monkeypatch.setattr(repeats_module, "BUSY_CORES", -1.0)
+    states: list[dict[str, Any]] = []
+    with RunStore(home) as store:
+        result = run_experiment(
+            store,
+            run_id,
+            fixes=["channels_last"],
+            steps=6,
+            trials=3,
+            progress=states.append,
+            busy_repeats=2,
+        )
+        row = store.experiment(result["experiment_id"])
+        repeated_runs = [store.run(t["run"]) for t in result["repeated"]["trials"]]
+    design = result["design"]
+    assert (design["mode"], design["rounds"], design["max_rounds"]) == ("adaptive", 1, 3)
+    assert design["ended"] == EVERY_DECIDED
+    (cand,) = result["candidates"]
+    assert cand["stopped"].startswith("stopped after 1 trial: slower than the baseline (")
+    assert design["stopped"] == {"all": cand["stopped"]}
+    assert len(cand["runs"]) == 1 and len(result["baseline"]["runs"]) == 1
+    # busy trials: the first two (the baseline's first) run again, the rest counted
+    repeated = result["repeated"]
+    assert repeated["count"] == 2 and [t["arm"] for t in repeated["trials"]] == ["baseline"] * 2
+    assert all(t["counted"] is False and t["trial"] == 0 for t in repeated["trials"])
+    assert len(repeated["busy_counted"]) == 2 and "the machine stayed busy" in repeated["note"]
+    not_counted = {t["run"] for t in repeated["trials"]}
+    assert not not_counted & set(cand["runs"] + result["baseline"]["runs"])
+    assert all(r["status"] == "stopped" for r in repeated_runs)  # kept in the store
+    # the progress: 6 trials planned, 2 repeats added, rounds 2 and 3 (4) taken out
+    assert states[-1]["event"] == "decision" and states[-1]["ended"] == EVERY_DECIDED
+    assert any(s["status"] == "repeated" and s["note"] for s in states)
+    assert states[-1]["done"] == states[-1]["total"] == 4
+    assert row["progress"]["done"] == row["progress"]["total"] == 4
+    assert row["config"]["budget_min"] == 30.0 and row["config"]["full"] is False
+
+
+def test_full_runs_every_trial(slow_fix: tuple[Path, int]) -> None:
+    home, run_id = slow_fix
+    out = subprocess.run(
+        [
+            *(sys.executable, "-m", "stepscope.app.cli", "--home", str(home)),
+            *("optimize", str(run_id), "--fixes", "channels_last", "--full"),
+            *("--steps", "6", "--trials", "3", "--json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    design = result["design"]
+    assert (design["mode"], design["rounds"], design["ended"], design["stopped"]) == (
+        "full",
+        3,
+        None,
+        {},
+    )
+    (cand,) = result["candidates"]
+    assert cand["stopped"] is None and len(cand["runs"]) == 3
+    assert len(result["baseline"]["runs"]) == 3
+    with RunStore(home) as store:
+        row = store.experiment(result["experiment_id"])
+    assert row["progress"]["done"] == row["progress"]["total"] == 6
+    assert row["config"]["full"] is True and row["config"]["budget_min"] is None
