@@ -400,3 +400,33 @@ def test_full_runs_every_trial(slow_fix: tuple[Path, int]) -> None:
         row = store.experiment(result["experiment_id"])
     assert row["progress"]["done"] == row["progress"]["total"] == 6
     assert row["config"]["full"] is True and row["config"]["budget_min"] is None
+
+
+# -- the Optimize page tells the same story as the CLI -------------------------------------
+def _page(result: dict) -> None:  # its source runs alone: no names from this module
+    from stepscope.app.dashboard.experiment_view import ablation_table
+
+    ablation_table(result)
+
+
+def test_the_page_shows_a_stopped_arm_and_why() -> None:
+    from streamlit.testing.v1 import AppTest
+
+    why = "stopped after 1 trial: slower than the baseline (0.62x, 0.55-0.70)"
+    arm = {"fixes": ["channels_last"], "status": "completed", "quality_ok": True}
+    result = {
+        "trials": 3,
+        "design": {"mode": "adaptive", "rounds": 1, "max_rounds": 3, "stopped": {"slow": why}},
+        "candidates": [
+            {**arm, "name": "slow", "speedup": 0.62, "ci": [0.55, 0.7], "runs": [4],
+             "verdict": "slower", "stopped": why},
+            {**arm, "name": "fast", "speedup": 1.5, "ci": [1.4, 1.6], "runs": [5, 7, 9],
+             "verdict": "faster", "stopped": None},
+        ],
+    }  # fmt: skip
+    at = AppTest.from_function(_page, args=(result,)).run()
+    assert not at.exception
+    table = at.dataframe[0].value.set_index("candidate")
+    assert table.loc["slow", "status"] == "stopped (1 of 3 trials)"
+    assert table.loc["slow", "why"] == why
+    assert table.loc["fast", "status"] == "completed"

@@ -3,7 +3,10 @@
 Most tests share one experiment (``stepscope optimize --json``) on a job that reacts to
 its plan file as fixes can go wrong or right (tests/jobs/plan_effects.py): one fix
 crashes it, one raises the allocator's out-of-memory error, one hangs it, two make it
-faster, one slower, one makes the loss overflow and one moves its level.
+faster, one slower, one makes the loss overflow and one moves its level. That experiment
+runs the fixed design (``--full``): every arm in every round, so that the interleaving,
+the plan files and the trial counts can be asserted; the adaptive design, which stops
+decided arms, has its own tests (tests/test_adaptive.py).
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ import psutil
 import pytest
 
 from stepscope.collectors.launcher import launch_run
-from stepscope.optim_runner.adaptive import DEFAULT_BUDGET_MIN
 from stepscope.optim_runner.background import cancel_experiment, start_experiment
 from stepscope.optim_runner.bound_check import above_bound_note
 from stepscope.optim_runner.contention import contention
@@ -95,6 +97,7 @@ def experiment(recorded: tuple[Path, int]) -> dict[str, Any]:
             *("optimize", str(run_id), "--fixes", ",".join(EFFECTS)),
             *("--steps", "10", "--trials", "2", "--timeout", str(HANG_TIMEOUT_S), "--json"),
             "--allow-numerics",  # tf32 changes numerics: consent
+            "--full",  # every trial: the counts below are the fixed design's
         ],
         capture_output=True,
         text=True,
@@ -259,12 +262,12 @@ def test_json_report_and_stored_experiment(experiment) -> None:
     assert row["result"] == result
     assert row["progress"]["done"] == row["progress"]["total"] == 20
     assert row["config"]["fixes"] == list(EFFECTS)
-    # adaptive by default, but two trials leave nothing to decide before the last round
+    # --full: every round ran, nothing stopped, no budget
     design = result["design"]
-    assert (design["mode"], design["rounds"], design["max_rounds"]) == ("adaptive", 2, 2)
+    assert (design["mode"], design["rounds"], design["max_rounds"]) == ("full", 2, 2)
     assert design["stopped"] == {} and design["ended"] is None
     assert design["confirm"] == {"rounds": 2, "max_rounds": 2, "ended": None}
-    assert row["config"]["budget_min"] == DEFAULT_BUDGET_MIN and row["config"]["full"] is False
+    assert row["config"]["budget_min"] is None and row["config"]["full"] is True
     assert result["repeated"]["count"] == 0  # busy trials are not repeated in the suite
 
 

@@ -44,6 +44,10 @@ def progress_bar(progress: dict[str, Any]) -> None:
             f":material/warning: {arm} failed in run {progress.get('run_id')}: "
             f"{first_line(progress.get('error'))}; the other arms go on without it."
         )
+    elif progress.get("event") == "decision" and progress.get("note"):
+        st.caption(f":material/alt_route: {progress['note']}")  # arms stopped, or the end
+    elif progress.get("event") == "trial_end" and progress.get("status") == "repeated":
+        st.caption(f":material/replay: {arm}: {progress.get('note')}")
     elif progress.get("event") == "trial_end" and progress.get("status") == "not applied":
         st.caption(
             f":material/block: {arm} ran in run {progress.get('run_id')}, but "

@@ -25,6 +25,7 @@ from stepscope.app.applied import not_applied_text
 from stepscope.app.dashboard import data, ui
 from stepscope.app.dashboard.charts.compare import fix_speedups, step_time_distributions
 from stepscope.app.dashboard.experiment_progress import first_line
+from stepscope.app.design_text import design_line, repeat_line, stopped_status, trials_phrase
 from stepscope.app.formats import fmt_ci, fmt_num, fmt_ratio, fmt_s, guard_word, guarded
 from stepscope.optim_runner.speed import compare_speed
 from stepscope.optim_runner.stats import timed_step_times
@@ -113,10 +114,13 @@ def verdict(result: dict[str, Any]) -> None:
         help="per trial; " + (f"{warm['time_s']:.2f} s on average" if warm.get("time_s") else ""),
     )
     st.caption(
-        f"{result['trials']} trials × {result['steps']} steps per arm, interleaved with the "
+        f"{trials_phrase(result)} × {result['steps']} steps per arm, interleaved with the "
         "arm order rotated each trial, so machine drift hits every arm; ratios with "
         "bootstrap 95 % intervals, a quality guard on the losses."
     )
+    for line in (design_line(result), repeat_line(result)):
+        if line:
+            st.caption(line)
 
 
 def ablation_table(result: dict[str, Any]) -> None:
@@ -130,6 +134,8 @@ def ablation_table(result: dict[str, Any]) -> None:
             status, why = c.get("failure") or "failed", first_line(c.get("error"))
         elif skipped:
             status, why = "not applied", not_applied_text(c)
+        elif c.get("stopped"):
+            status, why = stopped_status(c, result) or "stopped", c["stopped"]
         else:
             status, why = c["status"], first_line((c.get("quality") or {}).get("reason"))
         rows.append(

@@ -213,7 +213,8 @@ def estimate(
     text = (
         f"{arms} arms (the baseline, all checked fixes together"
         + (", each fix alone" if len(fixes) > 1 else "")
-        + f") × {trials} trials = {arms * trials} trial runs"
+        + f") × {trials} trials = {arms * trials} trial runs at most (an arm whose verdict "
+        "is clear stops early)"
     )
     if not steps_df.empty and run.get("started_at"):
         startup = max(0.0, float(steps_df["start_s"].min()) - float(run["started_at"]))
