@@ -72,7 +72,10 @@ QUICK_JOBS = ("input_bound", "mlp_adamw")
 
 def stepscope(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "stepscope.app.cli", "--home", str(home), *args]
-    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    # each home compiles from cold: inductor's cache in /tmp would otherwise let whichever
+    # design runs second reuse the first one's compiled kernels (torch_compile arms)
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(home / "inductor-cache")}
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         sys.exit(f"bench: {' '.join(command)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return proc

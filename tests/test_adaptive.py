@@ -38,7 +38,13 @@ from stepscope.optim_runner.adaptive import (
 )
 from stepscope.optim_runner.design import Design
 from stepscope.optim_runner.experiment import run_experiment
-from stepscope.optim_runner.repeats import PER_ARM, Repeats, may_repeat
+from stepscope.optim_runner.repeats import (
+    PER_ARM,
+    Repeats,
+    busy_cores,
+    may_repeat,
+    steps_window,
+)
 from stepscope.optim_runner.trials import Arm
 from stepscope.store import RunStore
 
@@ -216,6 +222,22 @@ class _Samples:
 
     def samples(self, run_id: int) -> pd.DataFrame:
         return self.frame
+
+    def steps(self, run_id: int) -> pd.DataFrame:
+        return pd.DataFrame(columns=["start_s", "end_s"])  # no steps: the whole trial
+
+
+def test_other_work_is_read_while_the_steps_ran() -> None:
+    """The trial's own launcher and sampler starting beside the job (before its first
+    step) are not the neighbour the repeats are for."""
+    startup = _ticks(100.0, 20.0, n=2)  # t 0, 1: 1.8 cores "other" while things start
+    steady = _ticks(100.0, 190.0, n=4).assign(t=lambda d: d["t"] + 2)  # t 2..5: quiet
+    samples = pd.concat([startup, steady], ignore_index=True)
+    assert busy_cores(samples) == pytest.approx((1.8 * 2 + 0.1 * 4) / 6)  # > BUSY_CORES
+    steps = pd.DataFrame({"start_s": [2.0, 3.5], "end_s": [3.5, 5.0]})
+    assert busy_cores(samples, steps_window(steps)) == pytest.approx(0.1)
+    assert steps_window(steps.iloc[:0]) is None
+    assert busy_cores(samples, (10.0, 11.0)) == busy_cores(samples)  # no tick: all of it
 
 
 def test_busy_trials_are_run_again_within_limits_then_counted() -> None:

@@ -1,8 +1,8 @@
 """A trial during which other work competed for the cores is run again, not counted.
 
 The system sampler beside every trial sees the machine's CPU and the job's process tree
-(``contention.other_cores``). A trial whose other work averaged more than
-``contention.BUSY_CORES`` measured the neighbour as much as the fix: the same experiment
+(``contention.other_cores``). A trial whose other work, while its steps ran, averaged
+more than ``contention.BUSY_CORES`` measured the neighbour as much as the fix: the same experiment
 once gave channels_last 0.99x beside another job and 1.30x alone. Such a trial is run
 again at once (same arm, same trial number), and its run stays in the store, marked in
 the experiment's result as not counted, so its numbers never enter the statistics.
@@ -39,10 +39,26 @@ def default_limit() -> int:
         raise ValueError(f"{ENV} must be a whole number of trials, got {value!r}") from exc
 
 
-def busy_cores(samples: Any) -> float | None:
-    """Mean cores of other work during one trial; None when the sampler saw nothing."""
+def busy_cores(samples: Any, window: tuple[float, float] | None = None) -> float | None:
+    """Mean cores of other work during one trial's steps (``window``: first start, last
+    end); None when the sampler saw nothing. Outside the steps, the trial's own launcher
+    and sampler start up beside the job and read as other work: a quiet 2-core machine
+    once had three of six short trials run again for them. A window with no tick
+    (steps shorter than the sampling interval) falls back to the whole trial."""
+    if window is not None and samples is not None and not samples.empty:
+        inside = samples[(samples["t"] >= window[0]) & (samples["t"] <= window[1])]
+        ticks = other_cores(inside)
+        if ticks.size:
+            return float(ticks.mean())
     ticks = other_cores(samples)
     return float(ticks.mean()) if ticks.size else None
+
+
+def steps_window(steps: Any) -> tuple[float, float] | None:
+    """From the first step's start to the last one's end; None without steps."""
+    if steps is None or steps.empty:
+        return None
+    return float(steps["start_s"].min()), float(steps["end_s"].max())
 
 
 def may_repeat(repeats_of_arm: int, repeats_in_all: int, limit: int) -> bool:
@@ -63,7 +79,7 @@ class Repeats:
         when it counts."""
         if self.limit <= 0:
             return None
-        other = busy_cores(store.samples(run["id"]))
+        other = busy_cores(store.samples(run["id"]), steps_window(store.steps(run["id"])))
         if other is None or other <= BUSY_CORES:
             return None
         mine = sum(1 for t in self.trials if t["arm"] == arm.name)
@@ -110,4 +126,5 @@ __all__ = [
     "busy_cores",
     "default_limit",
     "may_repeat",
+    "steps_window",
 ]
