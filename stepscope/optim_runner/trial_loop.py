@@ -192,25 +192,17 @@ class TrialLoop(ABC):
         error: str | None = None,
         note: str | None = None,
     ) -> None:
-        state = {
-            "event": event,
-            "done": self.done,
-            "total": self.total,
-            "arm": arm.name,
-            "fixes": self._fix_labels(arm),
-            "trial": trial,
-            "trials": self.config["trials"],
-            "phase": phase,
-            "run_id": run_id,
-            "status": status,
-            "error": error,
-            "note": note,
-            "runs": {a.name: list(a.runs) for a in self._all_arms()},
-            "t": time.time(),
-        }
-        self.store.update_experiment(self.id, progress=state)
-        if self.callback is not None:
-            self.callback(state)
+        self._publish(
+            event,
+            trial,
+            phase,
+            arm=arm.name,
+            fixes=self._fix_labels(arm),
+            run_id=run_id,
+            status=status,
+            error=error,
+            note=note,
+        )
 
     def _decided(
         self,
@@ -221,22 +213,27 @@ class TrialLoop(ABC):
         lines: list[str],
     ) -> None:
         """The progress after a decision between rounds: its new total, and why."""
+        self._publish(
+            "decision", k, phase, note="; ".join(lines), lines=lines, stopped=stopped, ended=ended
+        )
+
+    def _publish(self, event: str, trial: int, phase: str, **fields: Any) -> None:
+        """One progress record: to the store (where the dashboard follows it) and the
+        caller's callback. Fields not given are None (``fixes``: none)."""
         state = {
-            "event": "decision",
+            "event": event,
             "done": self.done,
             "total": self.total,
             "arm": None,
             "fixes": [],
-            "trial": k,
+            "trial": trial,
             "trials": self.config["trials"],
             "phase": phase,
             "run_id": None,
             "status": None,
             "error": None,
-            "note": "; ".join(lines),
-            "lines": lines,
-            "stopped": stopped,
-            "ended": ended,
+            "note": None,
+            **fields,
             "runs": {a.name: list(a.runs) for a in self._all_arms()},
             "t": time.time(),
         }
