@@ -178,7 +178,10 @@ def test_a_candidate_that_perturbs_the_outputs_fails_the_guard_and_is_not_kept(g
 def test_every_trial_recorded_the_models_first_outputs(guarded) -> None:
     with RunStore(guarded["home"]) as store:
         trials = [r for r in store.runs()["id"] if int(r) != guarded["run_id"]]
-        assert len(trials) == 8  # 4 arms x 2 trials
+        result = guarded["result"]
+        listed = [r for arm in (result["baseline"], *result["candidates"]) for r in arm["runs"]]
+        # 4 arms x 2 trials at most: the adaptive design stops a decided arm after one
+        assert sorted(map(int, trials)) == sorted(listed) and 4 <= len(trials) <= 8
         for run_id in trials:
             outputs = load_outputs(store, int(run_id))
             assert outputs is not None and 1 <= len(outputs) <= DEFAULT_RECORDED_CALLS

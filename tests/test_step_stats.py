@@ -217,3 +217,18 @@ def test_real_input_bound_run_with_workers_keeps_its_share(tmp_path: Path) -> No
     # the same share among the phases: data wait, then forward, backward, optimizer
     assert s["phases"]["data_wait"]["share"] == pytest.approx(raw_share(s), abs=0.02)
     assert s["phases"]["forward"]["mean_s"] > 0 and s["phases"]["optimizer"]["mean_s"] > 0
+
+
+def test_a_pause_beside_short_waits_over_the_fence_is_still_an_outlier() -> None:
+    # a busy machine: the first batch after each validation loop waits 10-20 ms, which
+    # clears the fence too; the one 0.2 s pause still holds nearly all the waiting
+    waits = [0.0004] * 24
+    waits[6], waits[9], waits[12] = 0.012, 0.200, 0.015
+    s = summarize_steps(frame(waits, compute_s=0.040))
+    assert s["data_wait_outliers"]["steps"] == [9]
+    assert s["data_wait_share"] < INPUT_MIN < raw_share(s)
+    # the short waits stay in the share
+    assert (
+        s["data_wait_share"]
+        > summarize_steps(frame([0.0004] * 24, compute_s=0.040))["data_wait_share"]
+    )

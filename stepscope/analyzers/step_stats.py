@@ -35,10 +35,13 @@ Decisions, and why:
   Tukey's far-out fence (Q3 + 3 IQR of the timed steps' waits), longer than a median
   step (shorter pauses cannot move the share), the steps are few (at most 5 % of the
   timed steps, or one in a run of 10 or more; and fewer than one per round of the
-  loader's workers, since a job whose
-  workers deliver their batches together waits on one step in ``workers``), and they
-  are not evenly spaced (that is a pattern, not an accident). A job that waits on
-  every step, or on many, keeps its share. The step-time figures keep those steps: the
+  loader's workers, since a job whose workers deliver their batches together waits on
+  one step in ``workers``), and they are not evenly spaced (that is a pattern, not an
+  accident). When more steps clear the fence than that, the longest of them are still
+  left out if they hold at least 75 % of the flagged waiting: on a busy machine a 0.2 s
+  pause comes with a few 10 ms waits (the first batch after a validation loop) that
+  clear it too, and those stay in the share. A job that waits on every step, or on
+  many, keeps its share. The step-time figures keep those steps: the
   job did spend that time.
 * **Phases** (``phases``): the mean seconds per step in data wait, forward, backward and
   optimizer (the step timer's exclusive host times, ``collectors/step_accounting.py``)
@@ -77,6 +80,9 @@ OUTLIER_MAX_FRACTION = 0.05
 # ... but one step may always be, in a run of at least this many timed steps (a short
 # run's one pause is as much an accident as a long run's): below it, none may.
 OUTLIER_ONE_FROM_STEPS = 10
+# More flagged steps than that: the longest that many are still outliers when they hold
+# this share of the flagged steps' waiting (one pause beside short waits on a busy machine).
+OUTLIER_DOMINANT_SHARE = 0.75
 # A wait shorter than this many median steps cannot distort the share: not an outlier.
 OUTLIER_MIN_STEPS = 1.0
 # Outlier steps whose gaps are this regular (largest gap / smallest gap, 3 or more
@@ -284,9 +290,24 @@ def _wait_outliers(
     if workers:
         # the loop of a loader with W workers may wait once per round: 1 step in W
         limit = min(limit, len(wait) / (2 * workers))
-    if count > limit or _evenly_spaced(timed, mask):
+    if count > limit:
+        mask = _dominant(wait, mask, int(limit))
+    if not mask.any() or _evenly_spaced(timed, mask):
         return none
     return mask
+
+
+def _dominant(wait: np.ndarray, mask: np.ndarray, keep: int) -> np.ndarray:
+    """The ``keep`` longest flagged waits, when they hold nearly all the flagged waiting
+    (a pause beside a few short waits that also clear the fence); else none."""
+    out = np.zeros(len(wait), dtype=bool)
+    if keep < 1:
+        return out
+    flagged = np.flatnonzero(mask)
+    top = flagged[np.argsort(wait[flagged])[::-1][:keep]]
+    if wait[top].sum() >= OUTLIER_DOMINANT_SHARE * wait[flagged].sum():
+        out[top] = True
+    return out
 
 
 def _evenly_spaced(timed: pd.DataFrame, mask: np.ndarray) -> bool:

@@ -135,7 +135,11 @@ def ablation_table(result: dict[str, Any]) -> None:
         elif skipped:
             status, why = "not applied", not_applied_text(c)
         elif c.get("stopped"):
-            status, why = stopped_status(c, result) or "stopped", c["stopped"]
+            # an arm stopped early may also have failed its guard: say both
+            failed_guard = c.get("quality_ok") is False
+            guard = first_line((c.get("quality") or {}).get("reason")) if failed_guard else ""
+            status = stopped_status(c, result) or "stopped"
+            why = "; ".join(x for x in (guard, c["stopped"]) if x)
         else:
             status, why = c["status"], first_line((c.get("quality") or {}).get("reason"))
         rows.append(
