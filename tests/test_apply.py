@@ -68,7 +68,7 @@ def test_dataloader_and_optimizer_fixes_keep_the_losses(tmp_path: Path) -> None:
     # none of these change numerics: the job's own losses are the same
     assert fixed["losses"] == pytest.approx(base["losses"], rel=1e-6)
     done = applied(run)
-    assert done["dataloader_workers"] == ["num_workers 0 -> 2 (torch's default)"]
+    assert done["dataloader_workers"] == ["num_workers 0 -> 2 (0 was torch's default)"]
     assert done["fused_optimizer"][0].startswith("SGD(fused=True; was torch's default; torch ")
     # each change was read back from the job's own objects
     assert all(i["verified"] for i in run["config"]["applied"] if i["applied"]), run["config"]

@@ -274,3 +274,44 @@ def test_stack_phases_agree_with_the_step_timer_on_the_same_job(
     timer_share = inside["data_wait_s"].sum() / (inside["end_s"] - inside["start_s"]).sum()
     phases = {p["category"]: p["share"] for p in result["phases"]}
     assert phases["data_loading"] == pytest.approx(timer_share, abs=0.12)
+
+
+def test_list_leaves_out_the_dashboards_children_and_multiprocessing_helpers(
+    tmp_path: Path,
+) -> None:
+    """What the dashboard starts (its TensorBoard) and multiprocessing's helpers are not
+    jobs: the list leaves them out, as its caption says; a plain job beside them stays."""
+    from stepscope.collectors.process_list import candidates
+
+    sleep = "import time; time.sleep(60)"
+    fake_dashboard = tmp_path / "stepscope" / "app" / "dashboard" / "main.py"
+    fake_dashboard.parent.mkdir(parents=True)
+    child = tmp_path / "child.pid"
+    fake_dashboard.write_text(  # starts a child as the dashboard starts TensorBoard
+        "import subprocess, sys, time\n"
+        f"p = subprocess.Popen([sys.executable, '-c', {sleep!r}])\n"
+        f"open({str(child)!r}, 'w').write(str(p.pid))\n"
+        "time.sleep(60)\n"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, str(fake_dashboard)]),
+        subprocess.Popen(
+            [sys.executable, "-c", f"import multiprocessing.resource_tracker; {sleep}"]
+        ),
+        subprocess.Popen([sys.executable, "-c", sleep]),
+    ]
+    try:
+        deadline = time.monotonic() + 20
+        while not child.exists() or not child.read_text():
+            assert time.monotonic() < deadline, "the fake dashboard did not start its child"
+            time.sleep(0.1)
+        pids = {r["pid"] for r in candidates(tmp_path, cpu_window_s=0.05)}
+        assert procs[2].pid in pids  # a plain Python process is a candidate
+        assert procs[0].pid not in pids and int(child.read_text()) not in pids
+        assert procs[1].pid not in pids
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        with contextlib.suppress(ProcessLookupError, ValueError, OSError):
+            os.kill(int(child.read_text()), signal.SIGKILL)

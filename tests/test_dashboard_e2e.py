@@ -20,18 +20,16 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
-import subprocess
-import sys
 import time
-import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from browser import CHROMIUM, CHROMIUM_ARGS, LOAD_TIMEOUT_MS, require_browser, served
 from calibrations import ROUND_CALIBRATION
-from dashboard_helpers import REPO, cli_env, end_process, start_plain_job
+from dashboard_helpers import end_process, start_plain_job
 from recordings import ib_profiled
 
 from stepscope.analyzers.step_stats import summarize_steps
@@ -42,60 +40,13 @@ from stepscope.store.calibration import save_calibration
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = os.environ.get("STEPSCOPE_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-]
-LOAD_TIMEOUT_MS = 90_000
 EXPERIMENT_TIMEOUT_S = 300
-
-
-def _require_browser() -> None:
-    missing = []
-    if not Path(CHROMIUM).is_file():
-        missing.append(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        missing.append("playwright is not installed (pip install playwright)")
-    if not missing:
-        return
-    reason = "; ".join(missing)
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"CI=true but the end-to-end test cannot run: {reason}")
-    pytest.skip(reason)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"stepscope dashboard exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url + "_stcore/health", timeout=2) as resp:
-                if resp.read().strip() == b"ok":
-                    return
-        except OSError:
-            time.sleep(0.5)
-    raise AssertionError(f"the dashboard did not answer at {url} within {timeout} s")
 
 
 @pytest.fixture(scope="module")
 def store_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One input-bound run, profiled for two steps: the run a user would start from."""
-    _require_browser()
+    require_browser()
     home = ib_profiled(tmp_path_factory, "e2e")
     # the CPU's peaks for the run's MFU and roofline (`stepscope calibrate` measures them:
     # test_calibrate.py); round figures, so the page's numbers do not depend on the machine
@@ -104,43 +55,9 @@ def store_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def dashboard(store_home: Path, tmp_path: Path):
-    port = _free_port()
-    log = open(tmp_path / "dashboard.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "stepscope.app.cli",
-            "--home",
-            str(store_home),
-            "dashboard",
-            "--port",
-            str(port),
-        ],
-        cwd=REPO,
-        env=cli_env(store_home),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        _wait_healthy(url, proc)
+def dashboard(store_home: Path, tmp_path: Path) -> Iterator[str]:
+    with served(store_home, tmp_path / "dashboard.log") as url:
         yield url
-    finally:
-        # Ctrl-C, as a user would: the dashboard must stop Streamlit and exit 0
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-        try:
-            code = proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = proc.wait()
-        log.close()
-        output = (tmp_path / "dashboard.log").read_text(errors="replace")
-        assert code == 0, output
-        assert "stepscope: dashboard on " + url in output
-        assert "Traceback" not in output, output
 
 
 def _screenshot(page, name: str, folder: Path) -> Path:
@@ -254,6 +171,9 @@ def test_runs_run_diagnose_optimize_compare_in_chromium(
             expect(page.get_by_role("heading", name=f"Optimize run {base_id}")).to_be_visible()
             boxes = page.get_by_test_id("stCheckbox")
             expect(boxes.first).to_be_visible()
+            # the arms line comes after every checkbox: once it is there, all of them are
+            # (counted earlier, a busy machine's page may not have drawn the last ones yet)
+            expect(page.get_by_text(re.compile(r"^\d+ arms \("))).to_be_visible()
             toggles = ("Keep values my script set", "Allow numerics")
             checked = sum(
                 1

@@ -190,7 +190,7 @@ def test_the_optimize_page_shows_the_generation_sweep(
     curve = next(s for s in specs if any(t.get("name") == "tokens/s" for t in s["data"]))
     assert curve["data"][0]["x"] == [1, 2, 4]
     # the form to run another one is there and enabled for this (generate()) run
-    form = optimize_page(run=str(run_id))
+    form = optimize_page(run=str(run_id), new="1")  # the set-up form, not its last sweep
     assert not form.button(key="gen_sweep").disabled
 
 

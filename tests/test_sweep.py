@@ -162,7 +162,7 @@ def test_the_optimize_page_shows_the_sweep_table_and_curve(swept, monkeypatch) -
 def test_the_sweep_control_starts_a_sweep_in_the_background(swept, monkeypatch) -> None:
     home = swept["home"]
     monkeypatch.setenv("STEPSCOPE_HOME", str(home))
-    at = _page(run=str(swept["run_id"]))
+    at = _page(run=str(swept["run_id"]), new="1")  # the set-up form, not the last sweep
     at.text_input(key="sweep_factors").set_value("2")
     at.number_input(key="sweep_trials").set_value(1)
     at.number_input(key="sweep_steps").set_value(4)

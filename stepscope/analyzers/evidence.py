@@ -212,6 +212,10 @@ def gather(store: Any, run_id: int, report: TraceReport | None = None) -> Eviden
     generation: dict[str, Any] = {}
     if is_generation(steps):
         generation = _generation(store, run_id, steps, run, context)
+    if generation or (summary or {}).get("latency") is not None:
+        # requests or forward steps, no backward, no optimizer: whatever grad mode the
+        # model was built under, the job is inference (its advice and phases follow)
+        context.training = False
     if report is not None:
         level = "trace"
     elif summary is not None:

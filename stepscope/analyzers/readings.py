@@ -35,10 +35,31 @@ def gpu_util_samples(ev: Evidence) -> float | None:
     return None if value is None else value / 100.0
 
 
-def model_phase(ev: Evidence) -> str:
+def model_phase(ev: Evidence) -> str | None:
     """Where the model's own work is: forward and backward in a training job, the forward
-    alone in a job that never ran backward (inference, generation)."""
-    return "forward" if ev.context.training is False else "forward+backward"
+    alone in a job that never ran backward (inference, generation); None where the run
+    cannot tell (a finding names only phases the job is known to have)."""
+    backward = has_backward(ev)
+    return None if backward is None else "forward+backward" if backward else "forward"
+
+
+def has_backward(ev: Evidence) -> bool | None:
+    """Did the job's steps run a backward? No for requests (generation), forward steps
+    (``latency``: an inference run) and a job known to train nothing; yes where the
+    measured phases show one (the trace's, the step timer's; stack samples can miss a
+    short phase) or the job reported training; no where those phases show none; else
+    unknown (None)."""
+    if ev.generation is not None or (ev.steps or {}).get("latency") is not None:
+        return False
+    if ev.context.training is False:
+        return False
+    shares, source = step_phase_shares(ev)
+    measured = shares if shares and source != "stack samples" else {}
+    if measured.get("backward"):
+        return True
+    if ev.context.training is True:
+        return True
+    return False if "backward" in measured else None
 
 
 def process_cpu(ev: Evidence, stat: str) -> tuple[float | None, str]:
@@ -177,5 +198,8 @@ def optimizer_finding_share(ev: Evidence) -> tuple[float, str]:
 
 
 def stack_phases(ev: Evidence, phases: tuple[str, ...]) -> str:
+    """The phases the samples saw, with their shares: a phase of none is left out (an
+    inference job is not told of its backward)."""
     shares = ev.stacks["shares"]
-    return ", ".join(f"{LABELS[p]} {pct(shares[p])}" for p in phases)
+    seen = [p for p in phases if shares[p] > 0] or list(phases[:1])
+    return ", ".join(f"{LABELS[p]} {pct(shares[p])}" for p in seen)

@@ -13,6 +13,19 @@ share ``s`` of the step):
   most the top of its literature range ``k``: ``1 / ((1 - s) + s / k)``; the range and
   its source are shown beside it.
 
+What a fix says fits the job (``Fix.fitting``, ``fixes/fitting.py``): the snippet of its
+kind (no ``loss.backward()`` for an inference loop) and a literature figure only where it
+was measured on the job's device and kind; where none was, no bound is quoted and the
+basis says so (a Tensor Core figure is no bound for a CPU).
+
+A fix that acts on one phase of the step (``Fix.phases``: the optimizer step, the data
+wait, the forward and backward) is bounded by that phase's share where the finding spans
+other phases or none: a fused optimizer can remove at most the optimizer step's 0.8 %,
+never half of a compute finding's 100 %. ``s`` is then min(finding's share, the phases'
+share), and the basis names the share it used. The phases' shares are the trace's
+(``analyzers/phases.py``) or, on a CPU job, the step timer's (``step_stats.phases``); on
+a GPU the step timer's forward and backward are kernel launches, no bound.
+
 Two kinds of fix need more than "not known to be unmet":
 
 * **CUDA-only fixes** (TF32, cudnn.benchmark, pinned memory, ...) need the job to have
@@ -29,8 +42,9 @@ from __future__ import annotations
 
 from stepscope import fixes as catalog
 from stepscope.analyzers.evidence import Evidence
-from stepscope.fixes.base import Advice, Fix
-from stepscope.types import Finding, FixAdvice, SkippedFix
+from stepscope.analyzers.readings import pct, step_phase_shares
+from stepscope.fixes.base import Advice, Fitting, Fix
+from stepscope.types import Finding, FixAdvice, SkippedFix, phase_label
 
 MAX_BOUND = 20.0  # a bound above this says nothing more than "large"
 # Requirements only a GPU meets (ROCm's torch.cuda included): such a fix is recommended
@@ -39,25 +53,62 @@ CUDA_ONLY = frozenset({"cuda", "tf32", "bf16_tensor_cores"})
 
 
 def predict(
-    fix: Fix, share: float | None, removes: float | None = None
+    fix: Fix,
+    share: float | None,
+    removes: float | None = None,
+    *,
+    fitting: Fitting | None = None,
+    phase: str | None = None,
 ) -> tuple[float | None, str]:
     """(upper bound of the speed-up, how it was derived); ``removes`` overrides the fix's
-    own fraction for this finding (``Advice.removes``)."""
+    own fraction for this finding (``Advice.removes``); ``fitting``: what the fix says to
+    this job (its figure, or why none fits; default: the fix's own figure); ``phase``: the
+    label of the phase whose share ``share`` is, named in the basis."""
+    fitting = fitting or Fitting(fix.snippet, fix.typical)
     if share is None or share <= 0:
         return None, "no share of step time to bound it (capacity: it makes room, not speed)"
+    if fitting.typical is None and fitting.no_figure:
+        return None, fitting.no_figure
     s = min(share, 0.999)
-    if fix.typical is not None:
-        k = fix.typical.hi
+    if fitting.typical is not None:
+        k = fitting.typical.hi
         bound = 1.0 / ((1.0 - s) + s / k)
-        basis = f"Amdahl: {100 * s:.0f} % of the step sped up by at most {k:g}x"
+        part = f"the {phase}'s {pct(s)} of the step" if phase else f"{pct(s)} of the step"
+        basis = f"Amdahl: {part} sped up by at most {k:g}x"
     elif (removes := fix.removes if removes is None else removes) > 0:
         removed = s * removes
         bound = 1.0 / (1.0 - removed)
         what = "all" if removes >= 1 else f"up to {100 * removes:.0f} % of"
-        basis = f"Amdahl: removes {what} the {100 * s:.0f} % share"
+        part = f"the {phase}'s {pct(s)}" if phase else f"the {pct(s)} share"
+        basis = f"Amdahl: removes {what} {part}"
     else:
         return None, "does not speed the step up by itself"
     return round(min(bound, MAX_BOUND), 2), basis
+
+
+def phase_bound(fix: Fix, finding: Finding, ev: Evidence) -> tuple[float | None, str | None]:
+    """(share of the step the fix's phases take, their label) where it bounds the fix's
+    gain on this finding; (None, None) where it does not.
+
+    It does where the fix acts on named phases and the finding has no phase or lives in
+    others (a fused optimizer on a compute finding); a finding in the fix's own phases
+    already read that phase at its best evidence (the data wait with outliers left out).
+    The shares are the trace's phases, or the step timer's on a CPU job (on a GPU the
+    host's forward and backward are launches: the device's time is elsewhere).
+    """
+    if not fix.phases:
+        return None, None
+    if finding.phase and set(finding.phase.split("+")) & set(fix.phases):
+        return None, None
+    shares, source = step_phase_shares(ev)
+    if not shares or (source != "trace phases" and ev.context.cuda is not False):
+        return None, None
+    present = [p for p in fix.phases if p in shares]
+    if not present:
+        return None, None
+    share = float(sum(shares[p] for p in present))
+    named = [p for p in present if shares[p] > 0] or present
+    return share, phase_label("+".join(named))
 
 
 def recommend(finding: Finding, ev: Evidence, present: frozenset[str] = frozenset()) -> None:
@@ -90,21 +141,31 @@ def recommend(finding: Finding, ev: Evidence, present: frozenset[str] = frozense
             finding.skipped.append(SkippedFix(fix.id, advice))
             continue
         share = finding.share if advice.share is None else advice.share
-        predicted, basis = predict(fix, share, advice.removes)
+        phase_share, phase = phase_bound(fix, finding, ev) if share else (None, None)
+        if phase_share is not None and phase_share <= 0:
+            finding.skipped.append(SkippedFix(fix.id, f"no {phase} in this job's steps"))
+            continue
+        if phase_share is not None and share is not None and phase_share < share:
+            share = phase_share
+        else:
+            phase = None
+        fitting = fix.fitting(ctx)
+        predicted, basis = predict(fix, share, advice.removes, fitting=fitting, phase=phase)
+        typical = fitting.typical
         chosen.append(
             FixAdvice(
                 id=fix.id,
-                title=fix.title,
-                why=fix.why,
+                title=fitting.title or fix.title,
+                why=fitting.why or fix.why,
                 predicted_speedup=predicted,
                 basis=basis,
-                typical=None if fix.typical is None else (fix.typical.lo, fix.typical.hi),
-                typical_source=None if fix.typical is None else fix.typical.source,
+                typical=None if typical is None else (typical.lo, typical.hi),
+                typical_source=None if typical is None else typical.source,
                 auto=fix.auto,
                 changes_numerics=fix.changes_numerics,
                 needs_consent=fix.needs_consent,
                 unverified_requirements=unknown,
-                snippet=advice.snippet or fix.snippet,
+                snippet=advice.snippet or fitting.snippet,
                 params=dict(advice.params),  # the values to try, for the plan
                 evidence=advice.evidence,
             )

@@ -39,7 +39,7 @@ from stepscope.analyzers.thresholds import (
     PRODUCTIVE_WEIGHT,
     TENSOR_CORE_MIN,
 )
-from stepscope.types import EvidenceItem, Finding
+from stepscope.types import EvidenceItem, Finding, phase_label
 
 MODEL_PHASES = ("forward", "backward", "optimizer")  # stack phases that are the model's work
 # Most of an unfused optimizer step can go (a fused step, ``fixes/fused_optimizer.py``):
@@ -309,11 +309,12 @@ def optimizer_step(ev: Evidence) -> Finding | None:
     if share is None or share < OPTIMIZER_MIN:
         return None
     evidence = [EvidenceItem.of(f"optimizer step {pct(share)} of the step", share, source)]
-    model = (shares.get("forward") or 0.0) + (shares.get("backward") or 0.0)
-    if model:
-        evidence.append(
-            EvidenceItem.of(f"forward and backward together {pct(model)}", model, source)
-        )
+    parts = [p for p in ("forward", "backward") if shares.get(p)]  # only phases it has
+    if parts:
+        model = sum(float(shares[p]) for p in parts)
+        together = " together" if len(parts) > 1 else ""
+        text = f"{phase_label('+'.join(parts))}{together} {pct(model)}"
+        evidence.append(EvidenceItem.of(text, model, source))
     opt = ev.context.optimizer
     if opt.get("class"):
         how = "fused" if opt.get("fused") else "foreach" if opt.get("foreach") else "default"

@@ -20,6 +20,15 @@ def missing(x: Any) -> bool:
     return x is None or (isinstance(x, float) and math.isnan(x))
 
 
+def fmt_value(value: Any) -> str:
+    """A setting's value in words, never a Python repr: None is "—", a bool "yes"/"no"."""
+    if missing(value):
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
 def fmt_s(s: float | None, digits: int | None = None) -> str:
     """Seconds in µs / ms / s, or with a fixed number of ``digits`` in seconds."""
     if missing(s):

@@ -1,7 +1,9 @@
 """The processes one could attach to: Python processes, and those holding a GPU.
 
 What the Attach page and ``stepscope attach --list`` show. stepscope's own processes
-(the dashboard, a launcher, a sampler, another attach) are left out; a job started by
+(the dashboard, a launcher, a sampler, another attach) are left out, and so are the
+processes the dashboard starts (its TensorBoard) and the helpers multiprocessing starts
+beside any job (resource tracker, forkserver), which hold no one's work; a job started by
 ``stepscope run`` in the same store is marked with its run id, so the dashboard can
 offer that run's full view instead of a second, poorer recording.
 """
@@ -39,6 +41,29 @@ def _is_stepscope(cmdline: list[str]) -> bool:
     return " -m stepscope" in joined or "stepscope/app/dashboard/" in joined
 
 
+#: multiprocessing's helper processes: started beside a job, never the job itself
+MP_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+
+
+def _is_helper(proc: psutil.Process, cmdline: list[str]) -> bool:
+    """A multiprocessing helper, or a process the dashboard started (TensorBoard)."""
+    joined = " ".join(cmdline)
+    if any(h in joined for h in MP_HELPERS):
+        return True
+    with contextlib.suppress(psutil.Error):
+        for parent in proc.parents():
+            parent_cmd = parent.cmdline()
+            if _is_stepscope(parent_cmd):
+                # a `stepscope run` job is the user's; the dashboard's children are not
+                return _is_dashboard(parent_cmd)
+    return False
+
+
+def _is_dashboard(cmdline: list[str]) -> bool:
+    joined = " ".join(cmdline)
+    return "stepscope/app/dashboard/" in joined or " dashboard" in joined or " demo" in joined
+
+
 def gpu_memory_by_pid() -> dict[int, float]:
     """Bytes of GPU memory per process, summed over GPUs (NVML); empty without a driver."""
     out: dict[int, float] = {}
@@ -58,7 +83,7 @@ def candidates(home: Path, cpu_window_s: float = CPU_WINDOW_S) -> list[dict[str,
         if proc.pid in own:
             continue
         cmdline = proc.info.get("cmdline") or []
-        if _is_stepscope(cmdline):
+        if _is_stepscope(cmdline) or _is_helper(proc, cmdline):
             continue
         if _is_python(proc, cmdline) or proc.pid in gpu:
             picked.append(proc)

@@ -8,8 +8,10 @@ sources, and the hooks through which the analyzers (``advise``), the plan
 order advice is given (most direct first, by area: input pipeline, inference, text
 generation, precision, compute, memory, distributed). Adding a fix is one new module, listed here, plus its test.
 
-Typical gains are quoted only with their source; where none is quoted the prediction
-is the Amdahl bound from the finding's share alone (``analyzers.recommend.predict``).
+Typical gains are quoted only with their source, and only to jobs of the device and kind
+the source measured (``Fix.fit``, ``fitting.py``); where a fix cites none the prediction
+is the Amdahl bound from the finding's share alone (``analyzers.recommend.predict``), or
+from its phases' share (``Fix.phases``) where that is smaller.
 """
 
 from __future__ import annotations

@@ -12,6 +12,12 @@ above call instead of switching on its id:
   ``ddp_kwargs``/``after_ddp``, ``on_generate`` (every outer ``generate()`` call),
   ``patch``; or ``env`` for a fix the runner applies through the job's environment;
 * ``took_effect`` (optim_runner, ``experiment``): did the trial's job show it?
+* ``fit`` (analyzers, ``recommend``): its snippet and cited figure for this job's device
+  and kind (a Tensor Core figure says nothing about a CPU, a training speed-up nothing
+  about inference; ``fitting.py``);
+
+``phases`` names the phases of the step a fix acts on, so that its predicted gain is
+bounded by their share and not by a broader finding's.
 
 Hooks receive the analyzers' evidence and the plan's context as plain objects (typed
 ``Any``, their attributes named in each hook's docstring): the fixes sit below both
@@ -36,6 +42,21 @@ class Typical:
     lo: float
     hi: float
     source: str
+
+
+@dataclass(frozen=True)
+class Fitting:
+    """What a fix says to one job (``Fix.fit``): the snippet and the cited figure that fit
+    its device and kind, since advice written for a GPU training loop misleads a CPU
+    inference job. ``typical`` None with ``no_figure`` set: no cited figure was measured
+    on a job like this one, and ``no_figure`` says so in place of a bound; ``title`` and
+    ``why`` None keep the fix's own."""
+
+    snippet: str
+    typical: Typical | None
+    no_figure: str | None = None
+    title: str | None = None
+    why: str | None = None
 
 
 def _never(ctx: JobContext) -> bool | None:
@@ -66,6 +87,7 @@ DdpKwargsHook = Callable[[dict[str, Any]], dict[str, Any]]
 AfterDdpHook = Callable[[Any, dict[str, Any]], Change]  # (the DDP module, params)
 PatchHook = Callable[[Any, Any, dict[str, Any]], None]  # (installer, torch, params)
 GenerateHook = Callable[[GenerateCall, dict[str, Any]], None]
+FitHook = Callable[[JobContext], Fitting]  # the job's context -> its snippet and figure
 
 
 @dataclass(frozen=True)
@@ -93,6 +115,10 @@ class Fix:
     # advised there only, not again for the broader findings that also hold that time.
     primary: str | None = None
     env: tuple[str, str] | None = None  # (variable, option): applied by the runner
+    # The step's phases it acts on ('optimizer', 'data_wait', 'forward', 'backward'):
+    # where a finding spans other phases, the gain is bounded by these phases' share.
+    phases: tuple[str, ...] = ()
+    fit: FitHook | None = None
     advise: AdviseHook | None = None
     choose_params: ParamsHook | None = None
     set_global: GlobalHook | None = None
@@ -110,6 +136,12 @@ class Fix:
         (bf16, TF32, a larger batch). The quality guard checks the loss after the fact;
         consent is asked before, because a changed result is the user's call."""
         return self.auto and self.changes_numerics
+
+    def fitting(self, ctx: JobContext) -> Fitting:
+        """Its snippet and cited figure for this job (``fit``), else its own."""
+        if self.fit is not None:
+            return self.fit(ctx)
+        return Fitting(self.snippet, self.typical)
 
     def requirement_status(self, ctx: JobContext) -> tuple[list[str], list[str]]:
         """(unmet, unknown) requirement names for this job."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from stepscope.fixes.base import Fix, Typical
+from stepscope.fixes.fitting import CUDA, INFERENCE, TRAINING, fit_by_job
 from stepscope.fixes.points import Change, ModelCall
 from stepscope.types import JobContext
 
@@ -14,6 +15,17 @@ AMP_TYPICAL = Typical(
     "NVIDIA 'Train With Mixed Precision' guide and the PyTorch AMP recipe: "
     "1.5-2x on Tensor Core GPUs (V100/A100) for GEMM/conv-heavy networks",
 )
+
+# The figure above was measured training on Tensor Core GPUs: it is cited to CUDA
+# training jobs only; a CPU job (its bf16 units are not Tensor Cores) and an inference
+# job (no backward, no optimizer in its step) get no figure rather than that one.
+SNIPPETS = {
+    TRAINING: "with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16):\n"
+    "    loss = loss_fn(model(x), y)\nloss.backward()  # outside autocast",
+    INFERENCE: "with torch.inference_mode(), torch.autocast(\n"
+    "    device_type=x.device.type, dtype=torch.bfloat16\n"
+    "):\n    out = model(x)",
+}
 
 
 def low_precision(ctx: JobContext) -> bool | None:
@@ -62,9 +74,10 @@ FIX = Fix(
     why="GEMMs and convolutions run on Tensor Cores (or a CPU's native bf16 units) and "
     "activations take half the bytes; bf16 keeps float32's range, so no loss scaling "
     "is needed",
-    snippet="with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16):\n"
-    "    loss = loss_fn(model(x), y)\nloss.backward()  # outside autocast",
+    snippet=SNIPPETS[TRAINING],
     typical=AMP_TYPICAL,
+    phases=("forward", "backward"),
+    fit=fit_by_job({(CUDA, TRAINING): AMP_TYPICAL}, SNIPPETS),
     in_effect=low_precision,
     target="a model called at top level",
     choose_params=_choose_params,

@@ -5,8 +5,22 @@ from __future__ import annotations
 from typing import Any
 
 from stepscope.fixes.base import Fix, Typical
+from stepscope.fixes.fitting import CUDA, TRAINING, fit_by_job
 from stepscope.fixes.points import Change, ModelCall, to_channels_last
 from stepscope.types import JobContext
+
+# Measured training torchvision models with AMP on NVIDIA GPUs: cited to CUDA training
+# jobs only (a CPU's oneDNN convolutions and inference are not what it measured).
+TUTORIAL_TYPICAL = Typical(
+    1.08,
+    1.35,
+    "PyTorch tutorial 'Channels Last Memory Format': 8-35 % on torchvision models "
+    "with AMP on Volta/Ampere",
+)
+SNIPPET = (
+    "model = model.to(memory_format=torch.channels_last)\n"
+    "x = x.to(memory_format=torch.channels_last)"
+)
 
 
 def _channels_last(ctx: JobContext) -> bool | None:
@@ -39,14 +53,10 @@ FIX = Fix(
     auto=True,
     why="NHWC is the layout Tensor Core convolutions and oneDNN want; NCHW costs "
     "layout-conversion kernels around each convolution",
-    snippet="model = model.to(memory_format=torch.channels_last)\n"
-    "x = x.to(memory_format=torch.channels_last)",
-    typical=Typical(
-        1.08,
-        1.35,
-        "PyTorch tutorial 'Channels Last Memory Format': 8-35 % on torchvision models "
-        "with AMP on Volta/Ampere",
-    ),
+    snippet=SNIPPET,
+    typical=TUTORIAL_TYPICAL,
+    phases=("forward", "backward"),
+    fit=fit_by_job({(CUDA, TRAINING): TUTORIAL_TYPICAL}, SNIPPET),
     in_effect=_channels_last,
     target="a model with Conv2d layers",
     on_model=_on_model,

@@ -34,6 +34,7 @@ FIX = Fix(
     why="autotunes each convolution shape once; pays off when input shapes are fixed",
     snippet="torch.backends.cudnn.benchmark = True",
     typical=Typical(1.05, 1.1, "PyTorch Performance Tuning Guide (cudnn.benchmark)"),
+    phases=("forward", "backward"),  # the model's work: its gain is bounded by theirs
     in_effect=_cudnn_benchmark,
     set_global=_set_global,
 )

@@ -71,6 +71,7 @@ FIX = Fix(
     snippet="loader = DataLoader(dataset, batch_size=..., num_workers=4,\n"
     "                    persistent_workers=True, prefetch_factor=4)",
     in_effect=_enough_workers,
+    phases=("data_wait",),
     target="a DataLoader (the job feeds its model without one)",
     choose_params=_choose_params,
     on_loader=_on_loader,

@@ -25,5 +25,6 @@ FIX = Fix(
     "q, k, v = self.qkv(x).split(d, dim=-1)\n"
     "nn.Linear(d, h, bias=False)  # when a LayerNorm/BatchNorm follows: its shift is the bias",
     removes=0.5,
+    phases=("optimizer",),
     target="the model's parameters",
 )

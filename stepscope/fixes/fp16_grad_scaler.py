@@ -18,6 +18,7 @@ FIX = Fix(
     "with torch.autocast('cuda', dtype=torch.float16):\n"
     "    loss = loss_fn(model(x), y)\n"
     "scaler.scale(loss).backward()\nscaler.step(optimizer)\nscaler.update()",
-    typical=AMP_TYPICAL,
+    typical=AMP_TYPICAL,  # it needs CUDA and training: the jobs that figure measured
+    phases=("forward", "backward"),  # the model's work: its gain is bounded by theirs
     in_effect=low_precision,
 )

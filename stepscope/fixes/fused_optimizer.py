@@ -4,7 +4,8 @@ The optimizer step is per-parameter elementwise work: launch-bound with many sma
 tensors, bandwidth-bound with large ones (AdamW reads and writes four tensors per
 parameter). Where the step's phases show the optimizer step itself
 (``compute/optimizer_step``), the fused step removes most of that phase; elsewhere
-(host overhead, elementwise bandwidth) only the optimizer's part of them.
+(host overhead, elementwise bandwidth, compute) only the optimizer's part of them:
+``phases`` bounds its gain there by the optimizer phase's share (``recommend``).
 """
 
 from __future__ import annotations
@@ -157,6 +158,7 @@ FIX = Fix(
     "  # no fused kernels",
     in_effect=_fused,
     removes=0.5,
+    phases=("optimizer",),
     target="a torch.optim optimizer with foreach/fused options",
     primary="compute/optimizer_step",
     advise=_advise,

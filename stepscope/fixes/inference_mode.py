@@ -79,6 +79,7 @@ FIX = Fix(
         "1.1-1.2x measured on models without the fast path (autograd's bookkeeping only)",
     ),
     in_effect=_in_effect,
+    phases=("forward",),
     target="a model called at top level",
     on_model=_on_model,
 )

@@ -279,7 +279,9 @@ class PlanApplier(GeneratePoint):
                         settings[key] = (fix.id, value)
             original(ddp, *args, **{**kwargs, **{k: v for k, (_, v) in settings.items()}})
             for key, (fix_id, value) in settings.items():
-                was = "the job set it" if key in explicit else "torch's default"
+                was = (
+                    "replacing the job's value" if key in explicit else "replacing torch's default"
+                )
                 # an argument DDP keeps as an attribute is read back; bucket_cap_mb is not
                 verified = getattr(ddp, key) == value if hasattr(ddp, key) else None
                 applier.record(

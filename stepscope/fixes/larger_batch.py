@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from stepscope.fixes.base import Fix
+from stepscope.fixes.fitting import INFERENCE, TRAINING, fit_by_job
 from stepscope.fixes.points import LoaderCall
 
 # Twice the samples per step: enough to halve per-step fixed costs, small enough that
@@ -25,6 +26,15 @@ def _on_loader(call: LoaderCall, params: dict[str, Any]) -> None:
         call.set("batch_size", size * factor, f"batch_size {size} -> {size * factor}")
 
 
+# An inference loop has no optimizer step and no learning rate to keep equal.
+SNIPPETS = {
+    TRAINING: "loader = DataLoader(dataset, batch_size=4 * old_batch_size)\n"
+    "# keep the number of samples per optimizer step: scale lr or accumulate",
+    INFERENCE: "loader = DataLoader(dataset, batch_size=4 * old_batch_size)\n"
+    "with torch.inference_mode():\n    for x in loader:\n        out = model(x)",
+}
+
+
 FIX = Fix(
     id="larger_batch",
     title="Larger batch with gradient accumulation kept equal in samples",
@@ -39,8 +49,16 @@ FIX = Fix(
     auto=True,
     why="per-step fixed costs (launches, Python, all-reduce, the optimizer step) are paid "
     "once for more samples; the learning rate may need scaling with the batch",
-    snippet="loader = DataLoader(dataset, batch_size=4 * old_batch_size)\n"
-    "# keep the number of samples per optimizer step: scale lr or accumulate",
+    snippet=SNIPPETS[TRAINING],
+    fit=fit_by_job(
+        {},
+        SNIPPETS,
+        titles={INFERENCE: "Larger batch: more samples per forward call"},
+        whys={
+            INFERENCE: "per-call fixed costs (Python, dispatch, reading the weights) are "
+            "paid once for more samples; each request waits for its batch"
+        },
+    ),
     removes=0.7,
     target="a DataLoader with a batch size",
     choose_params=_choose_params,

@@ -26,6 +26,7 @@ FIX = Fix(
     snippet="DataLoader(dataset, num_workers=4, persistent_workers=True)",
     in_effect=lambda c: all_loaders(c, lambda ld: bool(ld.get("persistent_workers"))),
     removes=0.3,
+    phases=("data_wait",),
     target="a DataLoader with workers",
     needs="dataloader_workers",
     on_loader=_on_loader,

@@ -63,7 +63,13 @@ class LoaderCall:
             self.refuse(f"kept the job's {name}={current!r} (set explicitly; --keep-explicit)")
             return
         self.params[name] = value
-        origin = f"the job set {current!r}" if name in self.explicit else "torch's default"
+        # whose value it was: the job's, or torch's default (said with the value, so that
+        # "0 -> 4 (torch's default)" is never read as 4 being the default)
+        origin = (
+            f"the job set {current!r}"
+            if name in self.explicit
+            else f"{current!r} was torch's default"
+        )
         self.changes.append((self.fix, f"{name} {current!r} -> {value!r} ({origin})", True, name))
 
     def set(self, name: str, value: Any, text: str) -> None:

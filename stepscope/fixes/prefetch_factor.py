@@ -33,6 +33,7 @@ FIX = Fix(
     snippet="DataLoader(dataset, num_workers=4, prefetch_factor=4)",
     in_effect=lambda c: all_loaders(c, lambda ld: (ld.get("prefetch_factor") or 2) > 2),
     removes=0.5,
+    phases=("data_wait",),
     target="a DataLoader with workers",
     needs="dataloader_workers",
     choose_params=_choose_params,

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from stepscope.fixes.base import Fix, Typical
+from stepscope.fixes.fitting import CUDA, TRAINING, fit_by_job
 from stepscope.fixes.points import Change, GenerateCall
 from stepscope.types import JobContext
 
@@ -53,6 +54,19 @@ def _in_effect(ctx: JobContext) -> bool | None:
     return None if impl is None else impl == "sdpa"
 
 
+BLOG_TYPICAL = Typical(
+    1.0,
+    1.3,
+    "PyTorch blog 'Accelerating Large Language Models with Accelerated Transformers' "
+    "(2023): nanoGPT training on an A100, 143 -> 113 ms per batch with SDPA's flash kernel "
+    "(1.27x a whole step); on a CPU's short prompts attention is a small part of it",
+)
+SNIPPET = (
+    'model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa")\n'
+    '# or, on a loaded model: model.set_attn_implementation("sdpa")'
+)
+
+
 FIX = Fix(
     id="sdpa_attention",
     title="SDPA attention instead of eager (transformers)",
@@ -63,15 +77,10 @@ FIX = Fix(
     why="eager attention materialises the scores and softmax of every head in separate "
     "ops; scaled_dot_product_attention fuses them into one kernel, which matters most "
     "where attention is large: long prompts",
-    snippet='model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa")\n'
-    '# or, on a loaded model: model.set_attn_implementation("sdpa")',
-    typical=Typical(
-        1.0,
-        1.3,
-        "PyTorch blog 'Accelerating Large Language Models with Accelerated Transformers' "
-        "(2023): nanoGPT on an A100, 143 -> 113 ms per batch with SDPA's flash kernel "
-        "(1.27x a whole step); on a CPU's short prompts attention is a small part of it",
-    ),
+    snippet=SNIPPET,
+    typical=BLOG_TYPICAL,
+    # measured training nanoGPT on an A100: a generation job (inference) gets no figure
+    fit=fit_by_job({(CUDA, TRAINING): BLOG_TYPICAL}, SNIPPET),
     in_effect=_in_effect,
     target="a generate() call of a transformers model",
     on_generate=_on_generate,

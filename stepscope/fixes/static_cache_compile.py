@@ -23,8 +23,31 @@ from __future__ import annotations
 from typing import Any
 
 from stepscope.fixes.base import Fix, Typical
+from stepscope.fixes.fitting import CPU, CUDA, INFERENCE, fit_by_job
 from stepscope.fixes.points import Change, GenerateCall
 from stepscope.fixes.static_cache import static_refusal
+
+# A GPU's figure (CUDA graphs) and the CPU's own, measured here: each job gets its device's.
+GPU_TYPICAL = Typical(
+    0.9,
+    4.0,
+    "Hugging Face transformers docs, 'LLM inference optimization' (llm_optims): a "
+    "static cache with torch.compile, up to 4x faster decoding on a GPU; measured by "
+    "stepscope optimize: 2.92x tokens/s on an H200 (GPT-2 124M, batch 1, CUDA graphs)",
+)
+CPU_TYPICAL = Typical(
+    0.9,
+    1.7,
+    "measured by stepscope optimize: 0.9-1.7x tokens/s on a 2-core CPU (6-layer GPT-2)",
+)
+
+SNIPPET = (
+    "from transformers import CompileConfig\n"
+    "out = model.generate(\n"
+    '    input_ids, max_new_tokens=64, cache_implementation="static",\n'
+    "    compile_config=CompileConfig(),  # the default mode: reduce-overhead (CUDA graphs)\n"
+    ")"
+)
 
 # Devices transformers compiles the decode step on without ``_compile_all_devices``.
 ACCELERATORS = ("cuda", "xpu", "neuron", "tpu")
@@ -110,19 +133,9 @@ FIX = Fix(
     why="with a static cache the decode step keeps its shapes, so torch.compile captures "
     "it once: fused kernels, and on a GPU one CUDA graph per token instead of hundreds of "
     "launches, which is most of a small batch's decode time",
-    snippet="from transformers import CompileConfig\n"
-    "out = model.generate(\n"
-    '    input_ids, max_new_tokens=64, cache_implementation="static",\n'
-    "    compile_config=CompileConfig(),  # the default mode: reduce-overhead (CUDA graphs)\n"
-    ")",
-    typical=Typical(
-        0.9,
-        4.0,
-        "Hugging Face transformers docs, 'LLM inference optimization' (llm_optims): a "
-        "static cache with torch.compile, up to 4x faster decoding on a GPU; measured by "
-        "stepscope optimize: 2.92x tokens/s on an H200 (GPT-2 124M, batch 1, CUDA graphs), "
-        "0.9-1.7x on a 2-core CPU (6-layer GPT-2)",
-    ),
+    snippet=SNIPPET,
+    typical=GPU_TYPICAL,
+    fit=fit_by_job({(CUDA, INFERENCE): GPU_TYPICAL, (CPU, INFERENCE): CPU_TYPICAL}, SNIPPET),
     slow_start=True,
     target="a second generate() call (where the compiled decode step is read back)",
     on_generate=_on_generate,

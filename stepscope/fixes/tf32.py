@@ -46,6 +46,7 @@ FIX = Fix(
         "PyTorch docs, CUDA semantics § TensorFloat-32 (matmuls several x faster on "
         "A100); the end-to-end gain depends on the share of float32 GEMM time",
     ),
+    phases=("forward", "backward"),  # the model's work: its gain is bounded by theirs
     in_effect=_tf32_on,
     set_global=_set_global,
 )

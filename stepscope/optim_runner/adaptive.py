@@ -25,6 +25,10 @@ The rules, and why:
   "all fixes" and "the one fix that matters" measure alike). More trials would only
   split hairs between leaders; the verdict (``verdict.py``) keeps the fixes that earned
   their place among them, and a confirmation round measures that combination.
+* **Clearly faster means faster on both statistics**, as the verdict has it
+  (``agreement.py``): an arm whose throughput interval is above 1 while its median step
+  disagrees is not clear of the baseline, so it does not end the experiment (more
+  trials may settle the median); it still ranks, and stops others, on its throughput.
 * **The budget**: before a round, when the elapsed time plus the round's forecast (each
   arm's mean trial so far) would exceed it, the experiment ends with what it has. The
   first round always runs: it is what the forecast is made of, and without it nothing
@@ -49,7 +53,9 @@ class Interval:
     """One candidate's speed-up against the baseline so far (> 1: faster).
 
     ``ratio``/``lo``/``hi`` are None while it has no interval (too few timed steps);
-    ``keepable`` is False once its guard failed (the loss, outputs or tokens changed).
+    ``keepable`` is False once its guard failed (the loss, outputs or tokens changed);
+    ``agrees`` is False while its median step disagrees with its throughput (the
+    verdict's "disagree"): then it is not clearly faster, whatever ``lo`` says.
     """
 
     name: str
@@ -58,10 +64,16 @@ class Interval:
     lo: float | None
     hi: float | None
     keepable: bool = True
+    agrees: bool = True
 
     @property
     def measured(self) -> bool:
         return self.ratio is not None and self.lo is not None and self.hi is not None
+
+    @property
+    def clearly_faster(self) -> bool:
+        """Faster than the baseline as the verdict says it: above 1, on both statistics."""
+        return self.measured and self.agrees and (self.lo or 0.0) > 1.0
 
     def text(self) -> str:
         """'0.62x, 0.55-0.70'."""
@@ -101,7 +113,7 @@ def decide(
     left = [c for c in left if c.name not in stops]
     if not left:
         return Decision(stops, EVERY_DECIDED)
-    if best is None or best.lo <= 1.0:
+    if best is None or not best.clearly_faster:
         return Decision(stops, None)
     if left == [best]:
         if len(candidates) == 1:
@@ -113,7 +125,7 @@ def decide(
             f"{best.name} is clearly the fastest ({best.text()}): clear of the baseline and of "
             "every other candidate",
         )
-    if all(c.measured and c.keepable and c.lo > 1.0 for c in left):
+    if all(c.keepable and c.clearly_faster for c in left):
         names = ", ".join(f"{c.name} ({c.text()})" for c in left)
         return Decision(
             stops,

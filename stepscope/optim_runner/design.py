@@ -29,6 +29,7 @@ from stepscope.optim_runner.adaptive import (
     decide,
     round_forecast,
 )
+from stepscope.optim_runner.agreement import DISAGREE
 from stepscope.optim_runner.trials import Arm
 
 FULL = "full"
@@ -45,6 +46,7 @@ def interval(arm: Arm, outcome: dict[str, Any]) -> Interval:
         lo=lo,
         hi=hi,
         keepable=outcome.get("quality_ok") is not False,
+        agrees=outcome.get("verdict") != DISAGREE,  # throughput and median step agree
     )
 
 

@@ -10,11 +10,16 @@ Decisions, and why:
   reported separately: worker start-up or compilation is a cost, but a one-off one.
 * **Fixes that need another fix** (persistent workers need workers) are measured
   together with that fix, and their own gain is read against that fix alone.
-* **What to keep.** A fix is a candidate for keeping when it is measurably faster and
-  keeps the loss. What is kept is the fastest measured candidate made only of such
-  fixes (``pick_best``): the combination of all of them, or a single fix when it alone
-  measured faster than the combination (compile + channels_last 1.20x against
-  channels_last alone 1.30x keeps channels_last).
+* **Faster on both statistics.** Throughput says faster only where the median step
+  agrees (its interval above 1 too; per sample when the batch size changed); when they
+  part, the verdict is "disagree", with why (``agreement``: the baseline's slow steps
+  weigh on its mean, or too few steps), and the fix is not kept. Inference arms get the
+  same rule (their median step is the p50 latency); generation arms (tokens/s) do not.
+* **What to keep.** A fix is a candidate for keeping when it is measurably faster (on
+  both statistics) and keeps the loss. What is kept is the fastest measured candidate
+  made only of such fixes (``pick_best``): the combination of all of them, or a single
+  fix when it alone measured faster than the combination (compile + channels_last
+  1.20x against channels_last alone 1.30x keeps channels_last).
 * **Notes on the result.** A measured gain above its bound says which side the data
   say is off (``bound_check``).
 """
@@ -30,12 +35,13 @@ from stepscope import fixes as catalog
 from stepscope.analyzers.generation import is_generation
 from stepscope.analyzers.recommend import predict
 from stepscope.analyzers.step_stats import summarize_steps
+from stepscope.optim_runner.agreement import DISAGREE, check_agreement, ratio_ci
 from stepscope.optim_runner.bound_check import above_bound_note
 from stepscope.optim_runner.failures import not_applied_error
 from stepscope.optim_runner.guard import guard_candidate
 from stepscope.optim_runner.latency_compare import latency_ratios
 from stepscope.optim_runner.plan import PlannedFix
-from stepscope.optim_runner.stats import SpeedupCI, sec_per_sample, speedup_ci, timed_step_times
+from stepscope.optim_runner.stats import SpeedupCI, sec_per_sample, timed_step_times
 from stepscope.optim_runner.trials import Arm
 
 FASTER = "faster"
@@ -111,17 +117,6 @@ def tokens_as_samples(steps: Any, requests: Any) -> Any:
     return steps.assign(batch_size=counts)
 
 
-def _ci(
-    base: np.ndarray | None, cand: np.ndarray | None, statistic: str = "median"
-) -> SpeedupCI | None:
-    if base is None or cand is None:
-        return None
-    try:
-        return speedup_ci(base, cand, statistic=statistic)
-    except ValueError:  # fewer than 2 timed steps on a side
-        return None
-
-
 def _ci_json(
     ci: SpeedupCI | None, median: float | None = None, base_median: float | None = None
 ) -> dict[str, Any] | None:
@@ -176,6 +171,7 @@ def evaluate(
         "warmup": None,
         "not_applied": list(arm.not_applied),
         "latency": None,  # inference arms: p50/p99 ratios (latency_compare.py)
+        "agreement": None,  # the median checked against the throughput (agreement.py)
     }
     if arm.not_applied and arm.error is None:
         out["status"] = NOT_APPLIED
@@ -185,16 +181,16 @@ def evaluate(
         return out
     cand, base = figures(store, arm.runs), figures(store, ref.runs)
     out["warmup"] = cand.warmup()
-    step_ci = _ci(base.step_times, cand.step_times)
+    step_ci = ratio_ci(base.step_times, cand.step_times)
     # samples/s is throughput: a ratio of means (see stats.py)
-    sps_ci = _ci(base.sec_per_sample, cand.sec_per_sample, statistic="mean")
+    sps_ci = ratio_ci(base.sec_per_sample, cand.sec_per_sample, statistic="mean")
     out["step_time"] = _ci_json(step_ci, cand.median_step, base.median_step)
     out["samples_per_s"] = _ci_json(sps_ci)
     out["latency"] = latency_ratios(store, ref.runs, base.step_times, cand.step_times)
     # The verdict is on throughput (samples/s) whenever batch sizes are known: it is
     # what the job's wall time follows, what the Amdahl bound bounds, and the only
     # comparable figure when a fix changes the batch size. The median step-time
-    # ratio is reported beside it.
+    # ratio is reported beside it, and must agree for "faster" (agreement.py).
     headline, basis = step_ci, "step_time"
     if sps_ci is not None:
         generation = is_generation(store.steps(ref.runs[0])) if ref.runs else False
@@ -209,6 +205,10 @@ def evaluate(
         verdict=headline.verdict,
         speedup_basis=basis,
     )
+    if basis == "samples_per_s":  # faster on throughput and on the median, or not faster
+        agreement = check_agreement(headline, step_ci, base, cand)
+        out["agreement"] = agreement.to_json()
+        out["verdict"] = headline.verdict if agreement.agrees else DISAGREE
     lossless = all(not catalog.get(f).changes_numerics for f in arm.fix_ids if f in catalog.FIXES)
     quality = guard_candidate(store, baseline.runs, arm.runs, tolerance, limits, lossless)
     out["quality_ok"] = quality.ok
@@ -231,7 +231,7 @@ def per_fix(
     for fix in planned:
         own = by_fixes.get(tuple(sorted([fix.id] + ([fix.needs] if fix.needs else []))))
         outcome = outcomes.get(own.name) if own is not None else None
-        measured: dict[str, Any] = {"speedup": None, "ci": None, "verdict": None}
+        measured: dict[str, Any] = dict.fromkeys(("speedup", "ci", "verdict", "agreement"))
         against = "baseline"
         if outcome is not None and fix.needs:
             # its own gain: over the fix it needs, run alone
@@ -270,6 +270,7 @@ def per_fix(
             "changes_numerics": fix.changes_numerics,
             "kept": kept,
             "not_applied_why": why_not,
+            "disagreement": _disagreement(measured),
             "note": None,
         }
     for fix in planned:  # a fix is only worth what the fix it needs is worth
@@ -316,7 +317,7 @@ def annotate(
     trials = figures(store, baseline_runs).median_step
     diagnosed = summarize_steps(store.steps(diagnosed_run_id))["step_time_median_s"]
     for entry in per_fix.values():
-        notes = []
+        notes = [entry["disagreement"]] if entry.get("disagreement") else []
         if entry["kept"] and entry["id"] not in chosen:
             entry["kept"] = False
             notes.append(
@@ -349,7 +350,14 @@ def no_best() -> dict[str, Any]:
 
 
 def _pick(outcome: dict[str, Any]) -> dict[str, Any]:
-    return {k: outcome.get(k) for k in ("speedup", "ci", "verdict")}
+    return {k: outcome.get(k) for k in ("speedup", "ci", "verdict", "agreement")}
+
+
+def _disagreement(measured: dict[str, Any]) -> str | None:
+    """Why a fix faster on throughput is not kept: its median step disagrees."""
+    return (
+        (measured.get("agreement") or {}).get("text") if measured["verdict"] == DISAGREE else None
+    )
 
 
 def best_from(fixes: list[str], outcome: dict[str, Any], confirmed: bool) -> dict[str, Any]:
@@ -364,6 +372,7 @@ def best_from(fixes: list[str], outcome: dict[str, Any], confirmed: bool) -> dic
 
 
 __all__ = [
+    "DISAGREE",
     "FASTER",
     "NOT_APPLIED",
     "Figures",

@@ -249,6 +249,9 @@ def render(result: dict[str, Any], console: Any) -> None:
             console.print(f"  [red]{esc(c['name'])}[/]: {esc(c['error'])}")
         elif c.get("quality_ok") is False:
             console.print(f"  [red]{esc(c['name'])}[/]: {esc(c['quality']['reason'])}")
+        agreement = (c.get("agreement") or {}).get("text")  # why "disagree", or a batch note
+        if agreement and not c.get("error"):
+            console.print(f"  [yellow]{esc(c['name'])}[/]: {esc(agreement)}")
     warning = (result.get("contention") or {}).get("warning")
     if warning:
         console.print(f"[bold yellow]warning: {esc(warning)}[/]")

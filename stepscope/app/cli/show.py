@@ -33,6 +33,7 @@ from stepscope.app.formats import (
     fmt_pct,
     fmt_s,
     fmt_time,
+    fmt_value,
     missing,
     steps_recorded,
 )
@@ -193,7 +194,8 @@ def _print_show(d: dict[str, Any]) -> None:
     head.add_row("started", fmt_time(d["started_at"]))
     head.add_row("duration", fmt_s(d["duration_s"], digits=1))
     if d["device"]:
-        head.add_row("device", esc(", ".join(f"{k}={v}" for k, v in d["device"].items())))
+        device = ", ".join(f"{k}={fmt_value(v)}" for k, v in d["device"].items())
+        head.add_row("device", esc(device))
     head.add_row("folder", esc(d["run_dir"]))
     console.print(head)
     if d.get("diagnosis"):

@@ -20,6 +20,8 @@ import streamlit as st
 from stepscope.app.dashboard import data, stack_data, ui
 from stepscope.app.dashboard.attach_start import start
 from stepscope.app.dashboard.run_actions import capture_action
+from stepscope.app.dashboard.tables import fmt_sig, unknown_in_words
+from stepscope.app.formats import fmt_time
 from stepscope.app.ownership import is_own, refusal
 from stepscope.collectors.attach import DEFAULT_DURATION_S
 from stepscope.collectors.process_list import candidates
@@ -51,34 +53,34 @@ def _table(rows: list[dict[str, Any]], attaching: dict[int, int]) -> pd.DataFram
             return f"attaching: run {attaching[r['pid']]}"
         return ""
 
-    return pd.DataFrame(
+    has_gpu = any(r["gpu_mem_bytes"] is not None for r in rows)
+    table = pd.DataFrame(
         {
             "pid": [r["pid"] for r in rows],
             "user": [r["user"] or "?" for r in rows],
-            # float columns: a figure we may not read (another user's process) is NaN,
-            # shown empty, and the numbers stay sortable
+            # a figure we may not read (another user's process) is unknown: a dash
             "CPU %": pd.Series([r["cpu_percent"] for r in rows], dtype="float64"),
             "memory (MiB)": pd.Series([_mib(r["rss_bytes"]) for r in rows], dtype="float64"),
+            # NVML lists the processes that hold GPU memory: any other holds none
             "GPU memory (MiB)": pd.Series(
-                [_mib(r["gpu_mem_bytes"]) for r in rows], dtype="float64"
+                [_mib(r["gpu_mem_bytes"] or 0.0) for r in rows], dtype="float64"
             ),
             "stepscope": [mark(r) for r in rows],
             "command": [r["command"] for r in rows],
-            "started": [
-                datetime.fromtimestamp(r["started_at"]) if r["started_at"] else None for r in rows
-            ],
+            "started": [fmt_time(r["started_at"], clock=True) for r in rows],
         },
         columns=[
             "pid",
             "user",
             "CPU %",
             "memory (MiB)",
-            "GPU memory (MiB)",
+            *(["GPU memory (MiB)"] if has_gpu else []),  # no GPU here: no column
             "stepscope",
             "command",
             "started",
         ],
     )
+    return unknown_in_words(table, {"CPU %": fmt_sig, "memory (MiB)": fmt_sig})
 
 
 def _known_run(home: str, row: dict[str, Any], duration: int, name: str) -> None:
@@ -183,19 +185,19 @@ def pick(home: str) -> None:
         return
     attaching = {int((r.get("config") or {}).get("attached_pid") or 0): int(r["id"]) for r in live}
     pids = [int(r["pid"]) for r in rows]
+    table = _table(rows, attaching)
+    figures = ("CPU %", "memory (MiB)", "GPU memory (MiB)")
+    numeric = [c for c in figures if c in table and pd.api.types.is_numeric_dtype(table[c])]
     event = st.dataframe(
-        _table(rows, attaching),
+        table,
         hide_index=True,
         on_select="rerun",
         selection_mode="single-row",
         key="attach_table",
         column_config={
             "pid": st.column_config.NumberColumn(format="%d", width="small"),
-            "CPU %": st.column_config.NumberColumn(format="%.0f"),
-            "memory (MiB)": st.column_config.NumberColumn(format="%.0f"),
-            "GPU memory (MiB)": st.column_config.NumberColumn(format="%.0f"),
+            **{c: st.column_config.NumberColumn(format="%.0f") for c in numeric},
             "command": st.column_config.TextColumn(width="large"),
-            "started": st.column_config.DatetimeColumn(format="HH:mm:ss"),
         },
     )
     chosen_rows = event.selection.rows if event else []

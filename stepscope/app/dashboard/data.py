@@ -142,6 +142,7 @@ def runs_table(home: str) -> pd.DataFrame:
                 "started_at": rec["started_at"],
                 "ended_at": rec["ended_at"],
                 "error": rec["error"],
+                "stop_reason": rec.get("stop_reason"),
                 "user": rec.get("user"),  # None: a run recorded before schema 5
                 "host": rec["host"],
             }
@@ -161,6 +162,7 @@ def runs_table(home: str) -> pd.DataFrame:
             "started_at",
             "ended_at",
             "error",
+            "stop_reason",
             "user",
             "host",
         ],
@@ -281,3 +283,39 @@ def peak_memory(samples: pd.DataFrame) -> tuple[str, float | None]:
     if "proc.rss_bytes" in samples and samples["proc.rss_bytes"].notna().any():
         return "peak RSS", float(samples["proc.rss_bytes"].max())
     return "peak memory", None
+
+
+# -- how runs relate (Compare's default pair, the Optimize form's earlier evidence) -------
+def run_relations(home: str) -> dict[int, dict[str, Any]]:
+    """Every run by id, newest first: its name, command, parent run, experiment and arm
+    (a trial's ``config``), status, start and end. What decides which run is whose
+    baseline (``compare_pair``) and how long an earlier experiment's trials took
+    (``optimize_estimate``); plain dicts, since a parent id in a frame turns into a float.
+
+    Uncached: a trial recorded a second ago must count, and the read is one query.
+    """
+    with open_store(home) as store:
+        runs = store.runs()
+    out: dict[int, dict[str, Any]] = {}
+    for rec in runs.to_dict("records"):
+        config = rec.get("config") if isinstance(rec.get("config"), dict) else {}
+        parent, experiment = plain(rec.get("parent_run_id")), config.get("experiment")
+        out[int(rec["id"])] = {
+            "id": int(rec["id"]),
+            "name": str(rec["name"]),
+            "command": rec["command"] if isinstance(rec["command"], list) else [],
+            "parent_run_id": None if parent is None else int(parent),
+            "experiment": None if experiment is None else int(experiment),
+            "arm": config.get("arm"),
+            "status": rec["status"],
+            "started_at": plain(rec["started_at"]),
+            "ended_at": plain(rec["ended_at"]),
+        }
+    return out
+
+
+def all_experiments(home: str) -> list[dict[str, Any]]:
+    """Every experiment in the store, newest first (uncached, as ``run_experiments``):
+    a run never optimized itself can borrow the trial times of its command's experiments."""
+    with open_store(home) as store:
+        return store.experiments()

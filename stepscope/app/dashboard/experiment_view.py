@@ -142,6 +142,9 @@ def ablation_table(result: dict[str, Any]) -> None:
             why = "; ".join(x for x in (guard, c["stopped"]) if x)
         else:
             status, why = c["status"], first_line((c.get("quality") or {}).get("reason"))
+        agreement = (c.get("agreement") or {}).get("text")  # why "disagree" (agreement.py)
+        if agreement and not failed:
+            why = "; ".join(x for x in (agreement, why) if x)
         rows.append(
             {
                 "candidate": c["name"],
@@ -169,7 +172,9 @@ def ablation_table(result: dict[str, Any]) -> None:
                 "baseline/candidate (the per-fix table says what each fix adds on top)",
             ),
             "median step ratio": st.column_config.NumberColumn(
-                format="%.2fx", help="median step time, baseline/candidate"
+                format="%.2fx",
+                help="median step time, baseline/candidate; a candidate is faster only "
+                "when this agrees with the throughput (else its verdict is 'disagree')",
             ),
             **{
                 f"{q} latency ratio": st.column_config.NumberColumn(

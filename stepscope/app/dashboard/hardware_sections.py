@@ -9,11 +9,14 @@ gets its phases from the step timer, a CPU job without a calibration is told to 
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pandas as pd
 import streamlit as st
 
 from stepscope.analyzers.phases import PHASES
-from stepscope.analyzers.roofline import Roofline
+from stepscope.analyzers.roofline import NO_CALIBRATION, Roofline
 from stepscope.analyzers.trace_report import TraceReport
 from stepscope.app.dashboard.charts.hardware import (
     REST_LABEL,
@@ -23,8 +26,20 @@ from stepscope.app.dashboard.charts.hardware import (
     plottable,
     roofline_chart,
 )
+from stepscope.app.dashboard.tables import (
+    fmt_int,
+    fmt_seconds,
+    fmt_share,
+    fmt_sig,
+    fmt_text,
+    in_words,
+)
 from stepscope.app.formats import fmt_num, fmt_pct, fmt_s
+from stepscope.store.calibration import host_name
 from stepscope.types import PHASE_LABELS
+
+CALIBRATE_S = 3  # stepscope calibrate's default budget
+CALIBRATE_TIMEOUT_S = 120
 
 
 # -- MFU -------------------------------------------------------------------------------
@@ -49,8 +64,11 @@ def no_mfu_reason(roof: Roofline) -> str:
     return "the profiled steps have no duration"
 
 
-def mfu_headline(report: TraceReport | None) -> None:
-    """MFU of the profiled steps beside the headline figures, or why there is none.
+def mfu_headline(
+    report: TraceReport | None, home: str | None = None, run_host: str | None = None
+) -> None:
+    """MFU of the profiled steps beside the headline figures, or why there is none (and,
+    when the reason is a missing calibration of this host, the button that makes it).
     Nothing without a trace: MFU needs the FLOPs a capture's shapes give."""
     if report is None:
         return
@@ -60,6 +78,8 @@ def mfu_headline(report: TraceReport | None) -> None:
         return
     if roof.mfu is None:
         st.caption(f":material/info: No MFU: {no_mfu_reason(roof)}.")
+        if roof.basis == "shapes" and roof.peak is None and roof.note == NO_CALIBRATION:
+            calibrate_offer(home, run_host)
         return
     help_text = roof.note
     if roof.peak is not None and roof.peak.note:
@@ -76,6 +96,33 @@ def mfu_headline(report: TraceReport | None) -> None:
         )
         + "."
     )
+
+
+def calibrate_offer(home: str | None, run_host: str | None) -> None:
+    """Run ``stepscope calibrate`` from the page (a few seconds), then redraw: the trace's
+    analysis is cached on the calibration's stamp, so the MFU and roofs appear. Only for a
+    run recorded on this host: a calibration is this machine's peak, not another's."""
+    if home is None:
+        return
+    if run_host and run_host != host_name():
+        st.caption(f"Calibrate on {run_host}, where the run was recorded: `stepscope calibrate`.")
+        return
+    if not st.button("Calibrate this host", icon=":material/speed:", key="calibrate"):
+        return
+    with st.spinner(
+        f"Measuring this host's matmul peak and memory bandwidth (about {CALIBRATE_S} s)…"
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "stepscope.app.cli", "--home", home, "calibrate"],
+            capture_output=True,
+            text=True,
+            timeout=CALIBRATE_TIMEOUT_S,
+        )
+    if done.returncode != 0:
+        lines = (done.stderr or done.stdout).strip().splitlines()
+        st.error(f"Calibration failed: {lines[-1] if lines else f'exit code {done.returncode}'}")
+        return
+    st.rerun()
 
 
 # -- phases ------------------------------------------------------------------------------
@@ -159,18 +206,31 @@ def roofline_section(report: TraceReport | None) -> None:
 
 
 def _roof_table(frame: pd.DataFrame, key: str, label: str) -> pd.DataFrame:
-    return pd.DataFrame(
+    table = pd.DataFrame(
         {
             label: frame[key],
-            "time (ms)": frame["time_ns"] / 1e6,
-            "share (%)": frame["share"] * 100,
+            "time": frame["time_ns"] / 1e9,
+            "share": frame["share"],
             "TFLOP/s": frame["tflops"],
             "GB/s": frame["gbs"],
             "FLOP/byte": frame["intensity"],
             "bound": frame["bound"],
-            "% of roof": frame["pct_of_roof"] * 100,
+            "% of roof": frame["pct_of_roof"],
             "calls": frame["count"],
         }
+    )
+    return in_words(
+        table,
+        {
+            "time": fmt_seconds,
+            "share": fmt_share,
+            "TFLOP/s": fmt_sig,
+            "GB/s": fmt_sig,
+            "FLOP/byte": fmt_sig,
+            "bound": fmt_text,
+            "% of roof": fmt_share,
+            "calls": fmt_int,
+        },
     )
 
 

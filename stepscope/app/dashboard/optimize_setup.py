@@ -1,5 +1,5 @@
 """The Optimize page before an experiment: which fixes to try, for how long, and the
-button that starts it; and the run's past experiments, to reopen.
+button that starts it (the run's past experiments: ``optimize_history``).
 
 Decisions, and why:
 
@@ -10,7 +10,9 @@ Decisions, and why:
   an optimizer step sees): those stay unchecked and locked until the user allows
   numerics to change, as ``stepscope optimize --allow-numerics`` does. Fixes that change
   numerics without needing consent (bf16, TF32) are marked: the quality guard checks
-  the loss, but the user should know before the click, not after.
+  the loss, but the user should know before the click, not after. Nor are fixes that
+  an earlier experiment on this run measured slower or without a measurable change
+  (``optimize_history``): the form says what they measured.
 * **Parameters are shown before the click**, from the same ``plan.choose_fixes`` the
   experiment will call, with their reason: "4 workers" is a claim to be checked.
 * **One experiment per run at a time**: two would share the machine and measure each
@@ -23,21 +25,21 @@ Decisions, and why:
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 import pandas as pd
 import streamlit as st
 
 from stepscope.app.dashboard import data, ui
+from stepscope.app.dashboard import optimize_history as history
 from stepscope.app.dashboard.findings_view import findings_to_apply
 from stepscope.app.dashboard.inference_view import guard_limits
+from stepscope.app.dashboard.tables import DASH, in_words
+from stepscope.app.formats import fmt_ratio, missing
 from stepscope.app.ownership import rerun_refusal
 from stepscope.optim_runner import plan as planning
 from stepscope.optim_runner.background import start_experiment
 from stepscope.optim_runner.experiment import DEFAULT_STEPS, DEFAULT_TRIALS
-from stepscope.optim_runner.failures import slow_starting
-from stepscope.optim_runner.trials import candidate_arms
 from stepscope.types import FixAdvice
 
 MIN_STEPS = 4  # the warm-up is left out of every trial: fewer leave nothing to time
@@ -108,8 +110,15 @@ def can_optimize(home: str, run: dict[str, Any], summary: dict[str, Any]) -> boo
 
 
 # -- the form ----------------------------------------------------------------------------
-def fix_picker(run_id: int, auto: list[FixAdvice]) -> tuple[list[str], bool]:
-    """Checkboxes for the auto fixes; returns (checked ids, numerics allowed)."""
+def fix_picker(
+    run_id: int, auto: list[FixAdvice], measured: dict[str, history.Measured] | None = None
+) -> tuple[list[str], bool]:
+    """Checkboxes for the auto fixes; returns (checked ids, numerics allowed).
+
+    ``measured``: each fix's newest measurement on this run; one measured slower or
+    without a measurable change starts unticked, with the measurement beside it.
+    """
+    measured = measured or {}
     allow = False
     if any(f.needs_consent for f in auto):
         allow = st.toggle(
@@ -126,7 +135,9 @@ def fix_picker(run_id: int, auto: list[FixAdvice]) -> tuple[list[str], bool]:
         if locked:
             st.session_state[key] = False
         else:
-            st.session_state.setdefault(key, not fix.needs_consent)
+            before = measured.get(fix.id)
+            known = before is not None and before.not_worth_ticking
+            st.session_state.setdefault(key, not fix.needs_consent and not known)
         marks = ""
         if fix.needs_consent:
             marks += " :red-badge[needs consent]"
@@ -134,6 +145,8 @@ def fix_picker(run_id: int, auto: list[FixAdvice]) -> tuple[list[str], bool]:
             marks += " :orange-badge[changes numerics]"
         if st.checkbox(f"**{fix.title}** `{fix.id}`{marks}", key=key, disabled=locked):
             checked.append(fix.id)
+        if fix.id in measured:
+            st.caption(f"`{fix.id}`: {measured[fix.id].note()}")
     return checked, allow
 
 
@@ -161,14 +174,16 @@ def fix_notes(auto: list[FixAdvice], plans: dict[str, dict[str, Any]]) -> None:
             }
         )
     st.dataframe(
-        pd.DataFrame(rows),
+        # no bound (no figure fits this job): a dash, as the basis says why
+        in_words(pd.DataFrame(rows), {"predicted (bound)": _bound}),
         hide_index=True,
         key="fix_notes",
-        column_config={
-            "predicted (bound)": st.column_config.NumberColumn(format="≤ %.2fx"),
-            "why these": st.column_config.TextColumn(width="large"),
-        },
+        column_config={"why these": st.column_config.TextColumn(width="large")},
     )
+
+
+def _bound(x: Any) -> str:
+    return DASH if missing(x) else f"≤ {fmt_ratio(float(x))}"
 
 
 def keep_explicit_toggle(run_id: int) -> bool:
@@ -202,32 +217,6 @@ def settings() -> tuple[int, int]:
         help="the job stops itself after this many steps; warm-up steps are left out",
     )
     return int(trials), int(steps)
-
-
-def estimate(
-    run: dict[str, Any], steps_df: pd.DataFrame, plans: list[dict], trials: int, steps: int
-) -> str:
-    """How many trial runs, and roughly how long at the baseline's pace."""
-    fixes = [planning.PlannedFix(**p) for p in plans]
-    arms = 1 + len(candidate_arms(fixes))
-    text = (
-        f"{arms} arms (the baseline, all checked fixes together"
-        + (", each fix alone" if len(fixes) > 1 else "")
-        + f") × {trials} trials = {arms * trials} trial runs at most (an arm whose verdict "
-        "is clear stops early)"
-    )
-    if not steps_df.empty and run.get("started_at"):
-        startup = max(0.0, float(steps_df["start_s"].min()) - float(run["started_at"]))
-        per_step = float((steps_df["end_s"] - steps_df["start_s"]).median())
-        trial_s = startup + steps * per_step
-        text += (
-            f", about {trial_s:.0f} s each at the baseline's pace: "
-            f"{arms * trials * trial_s / 60:.1f} min or less"
-        )
-    slow = slow_starting([p["id"] for p in plans])
-    if slow:
-        text += f"; {', '.join(slow)} compiles first, which can add minutes per trial"
-    return text + "."
 
 
 def apply_button(
@@ -280,12 +269,22 @@ def apply_button(
         return
     except data.user_errors() as exc:
         ui.fail(f"Not started: {data.one_line(exc)}")
-    ui.set_query(run=run_id, experiment=experiment_id)
+    ui.set_query(run=run_id, experiment=experiment_id, new=None)
     st.rerun()
 
 
-def show(home: str, run: dict[str, Any], d: data.RunData, busy: dict[str, Any] | None) -> None:
-    """Everything before the click: the states that rule it out, else the form."""
+def show(
+    home: str,
+    run: dict[str, Any],
+    d: data.RunData,
+    busy: dict[str, Any] | None,
+    experiments: list[dict[str, Any]] | None = None,
+) -> None:
+    """Everything before the click: the states that rule it out, else the form.
+
+    ``experiments``: the run's own, newest first; what they measured sets which fixes
+    start ticked (``optimize_history``).
+    """
     run_id = int(run["id"])
     if not can_optimize(home, run, d.summary):
         return
@@ -312,7 +311,7 @@ def show(home: str, run: dict[str, Any], d: data.RunData, busy: dict[str, Any] |
         "The automatic fixes the diagnosis recommends: applied at start-up, without editing "
         "the script. Each is measured together with the others and alone."
     )
-    selected, allow = fix_picker(run_id, auto)
+    selected, allow = fix_picker(run_id, auto, history.earlier_measurements(experiments or []))
     keep = keep_explicit_toggle(run_id)
     # planned as they will run: one fix's parameters can depend on the others checked
     plans, problem = planned(home, run_id, tuple(selected), marker)
@@ -325,7 +324,9 @@ def show(home: str, run: dict[str, Any], d: data.RunData, busy: dict[str, Any] |
     trials, steps = settings()
     chosen = [p for p in plans if p["id"] in selected]
     if chosen:
-        st.caption(estimate(run, d.steps, chosen, trials, steps))
+        with ui.errors_as_one_line():
+            measured = history.trial_times(home, run)
+        st.caption(history.estimate(run, d.steps, chosen, trials, steps, measured))
     limits = guard_limits(run, d.steps)
     apply_button(
         home, run_id, selected, allow, trials, steps, busy, keep, rerun_refusal(run), limits
@@ -344,51 +345,3 @@ def _advice(advice: list[FixAdvice], run_id: int) -> None:
             icon=":material/code:",
             query_params={"run": str(run_id)},
         )
-
-
-# -- past experiments ----------------------------------------------------------------------
-def _outcome(e: dict[str, Any]) -> str:
-    if e["status"] == "running":
-        p = e.get("progress") or {}
-        return f"{p.get('done', 0)} of {p.get('total') or '?'} trial runs"
-    if e["status"] == "failed":
-        lines = str(e.get("error") or "").strip().splitlines()
-        return "cancelled" if lines == ["interrupted"] else (lines[0] if lines else "failed")
-    if knee := (e.get("result") or {}).get("knee"):  # a batch-size sweep (optim_runner/sweep.py)
-        return f"batch sweep: knee at batch {knee.get('batch_size')}"
-    best = (e.get("result") or {}).get("best") or {}
-    if best.get("fixes"):
-        return f"keep {', '.join(best['fixes'])}: {best['speedup']:.2f}x"
-    return "no fix kept"
-
-
-def experiments_table(run_id: int, experiments: list[dict[str, Any]], current: int | None) -> None:
-    """The run's experiments, newest first, each with a link that reopens it."""
-    st.subheader("Experiments on this run")
-    if not experiments:
-        st.caption("None yet.")
-        return
-    rows = [
-        {
-            "id": e["id"],
-            "open": f"optimize?run={run_id}&experiment={e['id']}",
-            "status": ("▶ " if e["id"] == current else "")
-            + ui.STATUS_MARK.get(e["status"], e["status"]),
-            "started": datetime.fromtimestamp(e["created_at"]),
-            "fixes": ", ".join((e.get("config") or {}).get("fixes") or []),
-            "trials × steps": f"{(e.get('config') or {}).get('trials', '?')} × "
-            f"{(e.get('config') or {}).get('steps', '?')}",
-            "outcome": _outcome(e),
-        }
-        for e in experiments
-    ]
-    st.dataframe(
-        pd.DataFrame(rows),
-        hide_index=True,
-        key="experiments",
-        column_config={
-            "id": st.column_config.NumberColumn("id", format="%d", width="small"),
-            "open": st.column_config.LinkColumn("open", display_text="open ›", width="small"),
-            "started": st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm:ss"),
-        },
-    )

@@ -1,15 +1,17 @@
-"""The run page's actions: ask a running job for a profiler capture, and open the run
-in TensorBoard (started by this dashboard, one per run folder)."""
+"""The run page's actions: ask a running job for a profiler capture, open the run
+in TensorBoard (started by this dashboard, one per run folder), compare it with a run of
+the same command; and the run a session last looked at, which pages opened from the
+sidebar start on."""
 
 from __future__ import annotations
 
 import atexit
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import streamlit as st
 
-from stepscope.app.dashboard import tensorboard, ui
+from stepscope.app.dashboard import compare_pair, data, tensorboard, ui
 from stepscope.app.ownership import refusal
 from stepscope.collectors.control import request_capture
 
@@ -80,3 +82,37 @@ def capture_action(run_dir: str, run: Mapping[str, Any]) -> None:
                 f"Asked the job to profile its next {k} step(s) (request {request_id[:8]}); "
                 "the trace appears here when they are done."
             )
+
+
+# -- the run last looked at ------------------------------------------------------------------
+#: session key of the run a page of this session last showed
+LAST_RUN_KEY = "stepscope_last_run"
+
+
+def remember_run(run_id: int) -> None:
+    """Note the run a page shows: a page opened from the sidebar (no ``?run=`` in the URL,
+    since switching pages drops the query) opens on it, not on whichever run is newest."""
+    st.session_state[LAST_RUN_KEY] = int(run_id)
+
+
+def last_run(ids: Collection[int]) -> int | None:
+    """The run this session last looked at, if it is still among ``ids``."""
+    value = st.session_state.get(LAST_RUN_KEY)
+    return int(value) if isinstance(value, int) and value in ids else None
+
+
+def compare_with_link(home: str, run_id: int) -> None:
+    """The sidebar's "Compare with…": this run and its partner (``compare_pair``: a run of
+    the same command first), baseline as A. The label names the partner and how close it
+    is, so a click never lands on an unrelated job unannounced."""
+    with ui.errors_as_one_line():
+        relations = data.run_relations(home)
+    found = compare_pair.compare_with(run_id, relations)
+    if found is not None:
+        label, a, b = found
+        st.sidebar.page_link(
+            "views/compare.py",
+            label=label,
+            icon=":material/compare_arrows:",
+            query_params={"a": str(a), "b": str(b)},
+        )

@@ -10,20 +10,37 @@ from typing import Any
 
 import pandas as pd
 
+from stepscope.app.formats import fmt_value
+
+#: keys that name the item of a list of objects (``applied``: one record per fix)
+ITEM_NAMES = ("fix", "name", "id")
+
 
 def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested JSON -> {'a.b[0].c': leaf}: differences become single rows."""
+    """Nested JSON -> {'facts › settings › threads': leaf}: differences become single rows,
+    named as a reader says them. A list of plain values is one row (its items joined); a
+    list of named objects is one group per name (``applied › dataloader_workers``), never
+    ``applied[1].change``; a fix's record is its change in words ("not applied: ..." when it was not)."""
     out: dict[str, Any] = {}
     if isinstance(value, dict):
         if not value and prefix:
-            out[prefix] = {}
+            out[prefix] = "none"
         for k, v in value.items():
-            out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+            out.update(flatten(v, f"{prefix} › {k}" if prefix else str(k)))
     elif isinstance(value, list):
-        if not value and prefix:
-            out[prefix] = []
+        if all(not isinstance(v, (dict, list)) for v in value):
+            out[prefix] = ", ".join(_show(v) for v in value) or "none"
         for i, v in enumerate(value):
-            out.update(flatten(v, f"{prefix}[{i}]"))
+            if not isinstance(v, dict):
+                if isinstance(v, list):
+                    out.update(flatten(v, f"{prefix} › {i + 1}"))
+                continue
+            name = next((str(v[k]) for k in ITEM_NAMES if k in v), str(i + 1))
+            if "change" in v:  # a fix's record (app/applied.py): what it changed
+                out[f"{prefix} › {name}"] = v["change"]
+            else:
+                rest = {k: x for k, x in v.items() if str(x) != name}
+                out.update(flatten(rest, f"{prefix} › {name}"))
     else:
         out[prefix] = value
     return out
@@ -41,7 +58,8 @@ def json_diff(a: dict[str, Any], b: dict[str, Any]) -> pd.DataFrame:
 
 
 def _show(value: Any) -> str:
-    return value if isinstance(value, str) else repr(value)
+    """A JSON leaf in words: no Python repr (None, True) on the page."""
+    return fmt_value(value)
 
 
 def command_diff(a: list[str], b: list[str]) -> list[str]:

@@ -24,11 +24,14 @@ from stepscope.app.dashboard import data
 from stepscope.app.dashboard.charts.latency import latency_histogram, latency_over_time
 from stepscope.app.dashboard.charts.steps import breakdown_bars, step_time_chart
 from stepscope.app.dashboard.hardware_sections import phase_section
-from stepscope.app.formats import fmt_bytes, fmt_num, fmt_pct, fmt_s, steps_recorded
+from stepscope.app.formats import fmt_bytes, fmt_num, fmt_pct, fmt_s, missing, steps_recorded
 
 
 # -- headline ------------------------------------------------------------------------
-def headline(d: data.RunData) -> None:
+def headline(d: data.RunData, report: TraceReport | None = None) -> None:
+    """The run's figures from the step timer over its timed steps; where a trace measured
+    the data wait too, both figures are said with what each covers (they often differ:
+    all timed steps against a few profiled ones)."""
     s = d.summary
     label, peak = data.peak_memory(d.samples)
     cols = st.columns(6)
@@ -43,18 +46,58 @@ def headline(d: data.RunData) -> None:
     cols[4].metric(
         "data wait",
         fmt_pct(s["data_wait_share"]),
-        help="share of step time blocked in the DataLoader's __next__",
+        help="share of step time blocked in the DataLoader's __next__, by the step timer over "
+        "the timed steps: the figure the diagnosis uses",
     )
     cols[5].metric(label, fmt_bytes(peak, digits=3))
+    st.caption(left_out_line(s, report))
+    trace_wait = data_wait_sources(s, report)
+    if trace_wait:
+        st.caption(trace_wait)
+
+
+def left_out_line(s: dict[str, Any], report: TraceReport | None) -> str:
+    """'40 steps recorded, 31 timed (4 warm-up and 5 profiled steps left out of the
+    figures: 3 in the trace, 2 after it while the profiler wrote it out)': the profiled
+    steps split as the trace has them, so the 3 steps of its charts add up."""
     left_out = []
     if s["warmup_steps"]:
         left_out.append(f"{s['warmup_steps']} warm-up")
-    if s["profiled_steps"]:
-        left_out.append(f"{s['profiled_steps']} profiled")
-    st.caption(
-        f"{steps_recorded(s)} recorded, {s['timed_steps']} timed"
-        + (f" ({' and '.join(left_out)} steps left out of the figures)" if left_out else "")
+    profiled = int(s["profiled_steps"] or 0)
+    if profiled:
+        left_out.append(f"{profiled} profiled")
+    text = f"{steps_recorded(s)} recorded, {s['timed_steps']} timed"
+    if not left_out:
+        return text
+    text += f" ({' and '.join(left_out)} steps left out of the figures"
+    in_trace = _trace_steps(report)
+    if profiled and 0 < in_trace < profiled:
+        text += f": {in_trace} in the trace, {profiled - in_trace} after it while the profiler "
+        text += "wrote it out"
+    return text + ")"
+
+
+def data_wait_sources(s: dict[str, Any], report: TraceReport | None) -> str | None:
+    """Both data-wait figures side by side when a trace has one; None without a trace."""
+    if report is None or s.get("data_wait_share") is None or "DataLoader" not in report.breakdown:
+        return None
+    in_trace = _trace_steps(report)
+    return (
+        f"data wait: {fmt_pct(s['data_wait_share'])} by the step timer over "
+        f"{s['timed_steps']} timed steps (the diagnosis uses it) · "
+        f"{fmt_pct(report.breakdown['DataLoader'])} in the profiler trace's "
+        f"{in_trace} step{'' if in_trace == 1 else 's'}"
     )
+
+
+def _trace_steps(report: TraceReport | None) -> int:
+    """Profiled steps in the trace (one rank's: ranks profile the same steps)."""
+    if report is None or report.per_step.empty:
+        return 0
+    per_step = report.per_step
+    if "rank" in per_step:
+        return int(per_step.groupby("rank").size().max())
+    return int(len(per_step))
 
 
 def applied_section(run: dict[str, Any]) -> None:
@@ -178,7 +221,8 @@ def events_section(events: pd.DataFrame) -> None:
         pd.DataFrame(
             {
                 "time": [datetime.fromtimestamp(t) for t in events["t"]],
-                "rank": events["rank"].astype("Int64"),
+                # lines of stepscope's own process (samplers) belong to no rank
+                "rank": ["stepscope" if missing(r) else str(int(r)) for r in events["rank"]],
                 "level": events["level"],
                 "source": events["source"],
                 "message": events["message"],

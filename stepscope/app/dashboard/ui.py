@@ -63,6 +63,23 @@ def failure_line(run: dict[str, Any]) -> str:
     return "no error recorded"
 
 
+def stop_line(run: dict[str, Any]) -> str | None:
+    """Why a run that stepscope ended ("stopped") ended, in words; None for any other run."""
+    if run.get("status") != "stopped":
+        return None
+    reason = str(run.get("stop_reason") or "")
+    limit = (run.get("config") or {}).get("max_steps")
+    if reason == "max_steps":
+        return (
+            f"stopped by stepscope at its step limit ({limit} steps)"
+            if limit
+            else ("stopped by stepscope at its step limit")
+        )
+    if reason == "sweep":
+        return "stopped by stepscope once the batch sweep had its requests"
+    return f"stopped by stepscope ({reason})" if reason else "stopped by stepscope"
+
+
 # -- widgets ---------------------------------------------------------------------------
 def status_badge(status: str) -> None:
     colour, icon = STATUS_STYLE.get(status, ("gray", ":material/circle:"))

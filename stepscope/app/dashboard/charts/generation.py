@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from stepscope.app.dashboard.charts.style import layout
+from stepscope.app.dashboard.charts.style import layout, mark_times
 
 REQUEST_COLOR = "#4C78A8"
 # the request's phases (``analyzers/generation.py``), drawn in this order, bottom first
@@ -59,15 +59,8 @@ def distribution_chart(
             hovertemplate="%{x:.2f} ms<extra></extra>",
         )
         fig.update_yaxes(visible=False, range=[-1, 1])
-    for (name, dash), side in zip(MARKED, ("left", "right"), strict=True):
-        value = (figures or {}).get(name)
-        if value is not None:
-            fig.add_vline(
-                x=value * 1e3,
-                line_dash=dash,
-                annotation_text=f"{name} {value * 1e3:.1f} ms",
-                annotation_position=f"top {side}",
-            )
+    marks = [(n, v, dash) for n, dash in MARKED if (v := (figures or {}).get(n)) is not None]
+    mark_times(fig, marks, "x")
     fig.update_xaxes(title=f"{what} (ms)")
     return layout(fig, 280, showlegend=False)
 

@@ -14,7 +14,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from stepscope.analyzers.latency import wall_times
-from stepscope.app.dashboard.charts.style import layout
+from stepscope.app.dashboard.charts.style import layout, mark_times
 
 ITERATION_COLOR = "#4C78A8"
 MODEL_COLOR = "#72B7B2"
@@ -43,15 +43,7 @@ def latency_histogram(
             opacity=0.6,
             hovertemplate="%{x} ms: %{y} steps<extra>model call</extra>",
         )
-    for name, dash in MARKED:
-        value = lat.get(f"{name}_s")
-        if value is not None:
-            fig.add_vline(
-                x=value * 1e3,
-                line_dash=dash,
-                annotation_text=f"{name} {value * 1e3:.1f} ms",
-                annotation_position="top",
-            )
+    mark_times(fig, _marks(lat, MARKED), "x")
     fig.update_layout(barmode="overlay")
     fig.update_xaxes(title="latency (ms)")
     fig.update_yaxes(title="steps")
@@ -84,18 +76,16 @@ def latency_over_time(
             customdata=df["step"].to_numpy()[sel],
             hovertemplate="step %{customdata} at %{x:.2f} s: %{y:.1f} ms<extra></extra>",
         )
-    for name, dash in (MARKED[0], MARKED[2]):
-        value = lat.get(f"{name}_s")
-        if value is not None:
-            fig.add_hline(
-                y=value * 1e3,
-                line_dash=dash,
-                annotation_text=f"{name} {value * 1e3:.1f} ms",
-                annotation_position="top left",
-            )
+    mark_times(fig, _marks(lat, (MARKED[0], MARKED[2])), "y")
     fig.update_xaxes(title="time since the run started (s)")
     fig.update_yaxes(title="latency (ms)", rangemode="tozero")
     return layout(fig, 320)
+
+
+def _marks(
+    lat: Mapping[str, float | None], marked: tuple[tuple[str, str], ...]
+) -> list[tuple[str, float, str]]:
+    return [(n, v, dash) for n, dash in marked if (v := lat.get(f"{n}_s")) is not None]
 
 
 __all__ = ["latency_histogram", "latency_over_time"]

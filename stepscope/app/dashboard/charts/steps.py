@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from stepscope.analyzers.latency import process_keys
-from stepscope.app.dashboard.charts.style import CATEGORY_COLORS, layout, step_labels
+from stepscope.app.dashboard.charts.style import CATEGORY_COLORS, layout, mark_times, step_labels
 
 
 def breakdown_bars(per_step: pd.DataFrame, categories: Sequence[str]) -> go.Figure:
@@ -70,12 +70,7 @@ def step_time_chart(steps: pd.DataFrame, warmup_steps: int, median_s: float | No
                 hovertemplate="step %{x}: %{y:.1f} ms<extra>" + label + "</extra>",
             )
     if median_s is not None:
-        fig.add_hline(
-            y=median_s * 1e3,
-            line_dash="dot",
-            annotation_text=f"median {median_s * 1e3:.1f} ms",
-            annotation_position="top left",
-        )
+        mark_times(fig, [("median", median_s, "dot")], "y")
     fig.update_xaxes(title="step")
     fig.update_yaxes(title="step time (ms)", rangemode="tozero")
     return layout(fig, 300)

@@ -11,6 +11,8 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
+from stepscope.app.formats import fmt_s
+
 #: trace-engine categories (breakdown.CATEGORIES) plus the steps table's two parts
 CATEGORY_COLORS = {
     "Kernel": "#4C78A8",
@@ -46,6 +48,38 @@ def layout(fig: go.Figure, height: int, **kw: Any) -> go.Figure:
         **kw,
     )
     return fig
+
+
+def mark_times(fig: go.Figure, marks: list[tuple[str, float, str]], axis: str = "x") -> None:
+    """Lines at ``(name, seconds, dash)`` on a chart in ms, labelled by ``fmt_s`` (as every
+    figure on the page) and stacked one under the other so that close values (a p50 next
+    to a p95) never print on top of each other."""
+    for i, (name, value_s, dash) in enumerate(marks):
+        text = f"{name} {fmt_s(value_s)}"
+        if axis == "x":
+            fig.add_vline(x=value_s * 1e3, line_dash=dash)
+            fig.add_annotation(
+                x=value_s * 1e3,
+                yref="paper",
+                y=1 - 0.1 * i,
+                text=text,
+                showarrow=False,
+                xanchor="left",
+                xshift=3,
+                bgcolor="rgba(255,255,255,0.7)",
+            )
+        else:
+            fig.add_hline(y=value_s * 1e3, line_dash=dash)
+            fig.add_annotation(
+                y=value_s * 1e3,
+                xref="paper",
+                x=0.02 + 0.2 * i,
+                text=text,
+                showarrow=False,
+                yanchor="bottom",
+                xanchor="left",
+                bgcolor="rgba(255,255,255,0.7)",
+            )
 
 
 def step_labels(frame: pd.DataFrame) -> list[str]:

@@ -15,8 +15,8 @@ from stepscope.app.dashboard.charts.style import SIDE_COLORS, layout
 #: are repeated for every gpuN scope found in the samples
 SYSTEM_PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
     (
-        "CPU %",
-        "pct",
+        "CPU",
+        "cores",
         [
             ("proc.cpu_percent", "job"),
             ("proc.cpu_max_thread_percent", "busiest thread"),
@@ -45,10 +45,24 @@ GPU_PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
 ]
 _UNIT_SCALE = {
     "pct": (1.0, "%"),
+    "cores": (100.0, "cores busy"),
     "bytes": (2**20, "MiB"),
     "rate": (2**20, "MiB/s"),
     "watts": (1, "W"),
 }
+
+
+def _values(wide: pd.DataFrame, col: str, unit: str) -> np.ndarray:
+    """One series in its panel's unit. CPU is in cores busy, one scale for all: psutil
+    gives a process (and a thread) in % of one core, up to 100 per core, but the machine
+    in % of all its cores, so the machine's figure is multiplied by its core count (a job
+    at 200 % on 2 cores and a machine at 100 % are both 2 cores busy)."""
+    y = wide[col].to_numpy(dtype=float)
+    if unit == "cores" and col.startswith("system."):
+        if "system.cpu_count" not in wide:  # no core count: no honest figure in cores
+            return np.full(len(y), np.nan)
+        y = y * wide["system.cpu_count"].ffill().bfill().to_numpy(dtype=float)
+    return y
 
 
 def _panels(columns: Sequence[str]) -> list[tuple[str, str, list[tuple[str, str]]]]:
@@ -104,7 +118,7 @@ def system_timelines(
             for col, label in series:
                 if col not in wide:
                     continue
-                y = wide[col].to_numpy(dtype=float) / scale
+                y = _values(wide, col, unit) / scale
                 ok = np.isfinite(y)
                 name = side if compact else label
                 fig.add_scatter(

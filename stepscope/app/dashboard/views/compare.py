@@ -1,5 +1,9 @@
 """Compare: two runs side by side (``?a=BASELINE&b=CANDIDATE``).
 
+With one of them or neither in the URL, ``compare_pair`` picks the pair (a run of the
+same command for the one named) and puts the baseline as A, and the page says when the
+two commands differ: a ratio between two different jobs is no measurement of anything.
+
 The headline is throughput, as experiments decide it (``optim_runner/speed.py``): the
 ratio of mean seconds per sample with a bootstrap interval, the median step-time ratio
 beside it; two single figures of a noisy machine say little on their own, so a ratio whose
@@ -16,7 +20,7 @@ import streamlit as st
 
 from stepscope.analyzers.breakdown import CATEGORIES
 from stepscope.app.applied import applied_changes, state
-from stepscope.app.dashboard import data, run_diff, trace_data, ui
+from stepscope.app.dashboard import compare_pair, data, run_diff, trace_data, ui
 from stepscope.app.dashboard.charts.compare import (
     breakdown_compare,
     loss_overlay,
@@ -50,15 +54,26 @@ names = dict(zip(ids, choices["name"], strict=True))
 statuses = dict(zip(ids, choices["status"], strict=True))
 
 
-def _default(key: str, fallback: int) -> int:
+def _asked(key: str) -> int | None:
+    """The run the URL names for ``key``; one line and stop when there is none such."""
     value = ui.query_int(key)
     if value is not None and value not in ids:
         ui.fail(f"no run with id {value} in {home} (?{key}={value})")
-    return fallback if value is None else value
+    return value
 
 
-b_default = _default("b", ids[0])
-a_default = _default("a", next(i for i in ids if i != b_default))
+# Both named (a link from an experiment, or this page's own URL): shown as asked. One
+# named ("Compare with…" on a run's page sends ?b=) or none: the pair and its order are
+# compare_pair's, so the ratio always reads candidate vs baseline.
+asked_a, asked_b = _asked("a"), _asked("b")
+with ui.errors_as_one_line():
+    relations = data.run_relations(home)
+if asked_a is not None and asked_b is not None:
+    a_default, b_default = asked_a, asked_b
+else:
+    fixed = asked_a if asked_a is not None else asked_b
+    pair = compare_pair.default_pair(relations, fixed, ids)
+    a_default, b_default = pair if pair is not None else (ids[1], ids[0])
 
 
 def _label(i: int) -> str:
@@ -72,6 +87,15 @@ ui.set_query(a=a, b=b)
 if a == b:
     st.warning("Pick two different runs.", icon=":material/warning:")
     st.stop()
+if a in relations and b in relations:
+    note = compare_pair.command_note(relations[a], relations[b])
+    if note is not None and note[1]:
+        st.warning(
+            note[0] + ": the ratio compares two programs, not one change",
+            icon=":material/warning:",
+        )
+    elif note is not None:
+        st.caption(note[0] + ".")
 
 with ui.errors_as_one_line():
     da = data.run_data(home, a, data.run_marker(data.run_header(home, a)))

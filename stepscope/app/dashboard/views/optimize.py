@@ -5,17 +5,23 @@ experiment in a process of its own and puts its id in the URL, so the page can b
 closed, reloaded or shared and still shows the same experiment (``experiment_view``).
 With ``?experiment=`` alone the run is the experiment's baseline; a ``?run=`` that
 disagrees with it is corrected, since an experiment has exactly one baseline.
+
+A run that has experiments opens on its latest (``?run=`` alone, or the sidebar's link,
+which starts on the run last looked at): what was measured is what one comes back for,
+and a form that re-ticks the same fixes invites measuring them again. The form is one
+click away ("New experiment", ``?new=1``).
 """
 
 from __future__ import annotations
 
 import streamlit as st
 
-from stepscope.app.dashboard import data, ui
+from stepscope.app.dashboard import data, run_actions, ui
 from stepscope.app.dashboard import experiment_progress as progress
 from stepscope.app.dashboard import experiment_view as ev
 from stepscope.app.dashboard import generation_sweep_view as generation
 from stepscope.app.dashboard import inference_view as inference
+from stepscope.app.dashboard import optimize_history as history
 from stepscope.app.dashboard import optimize_setup as setup
 from stepscope.store import RunNotFound
 
@@ -33,6 +39,7 @@ if choices.empty:
     st.stop()
 
 experiment_id = ui.query_int("experiment")
+form_asked = experiment_id is None and st.query_params.get("new") == "1"  # "New experiment"
 row = None
 if experiment_id is not None:
     with ui.errors_as_one_line():
@@ -48,20 +55,28 @@ else:
             with data.open_store(home) as store:
                 if ref:
                     run_id = store.resolve_run(ref)
+                elif (seen := run_actions.last_run(set(choices["id"]))) is not None:
+                    run_id = seen  # opened from the sidebar: the run last looked at
                 else:  # the newest run that is not itself an experiment's trial
                     own = choices[choices["parent_run_id"].isna()]
                     run_id = int((own if not own.empty else choices)["id"].iloc[0])
         except RunNotFound as exc:
             st.title("Optimize")
             ui.fail(data.one_line(exc))
-ui.set_query(run=run_id, experiment=experiment_id)
 
-ui.sidebar_run_picker(home, choices, run_id, experiment=None)
+with ui.errors_as_one_line():
+    experiments = data.run_experiments(home, run_id)
+if row is None and experiments and not form_asked:
+    row = experiments[0]  # a run already optimized opens on its latest experiment
+    experiment_id = int(row["id"])
+ui.set_query(run=run_id, experiment=experiment_id, new=1 if row is None and form_asked else None)
+run_actions.remember_run(run_id)
+
+ui.sidebar_run_picker(home, choices, run_id, experiment=None, new=None)
 
 with ui.errors_as_one_line():
     header = data.run_header(home, run_id)
     d = data.run_data(home, run_id, data.run_marker(header))
-    experiments = data.run_experiments(home, run_id)
 
 st.title(f"Optimize run {run_id} · {header['name']}")
 st.page_link(
@@ -82,7 +97,7 @@ if row is None:
         if st.button("Follow it", key="follow", icon=":material/visibility:"):
             ui.set_query(experiment=int(busy["id"]))
             st.rerun()
-    setup.show(home, header, d, busy)
+    setup.show(home, header, d, busy, experiments)
     inference.start_form(home, header, d.steps, busy)  # inference runs only
     generation.start_form(home, header, d.steps, busy)  # generation runs only
 else:
@@ -97,8 +112,13 @@ else:
         inference.result_view(row)
     else:
         ev.result_view(home, row)
-    if st.button("Set up another experiment", key="new", icon=":material/add:"):
-        ui.set_query(experiment=None)
+    if st.button(
+        "New experiment",
+        key="new",
+        icon=":material/add:",
+        help="the set-up form: which fixes to try on this run, for how long",
+    ):
+        ui.set_query(experiment=None, new=1)
         st.rerun()
 
-setup.experiments_table(run_id, experiments, experiment_id)
+history.experiments_table(run_id, experiments, experiment_id)

@@ -48,14 +48,10 @@ with ui.errors_as_one_line():
         st.page_link("views/runs.py", label="All runs", icon=":material/arrow_back:")
         ui.fail(f"{data.one_line(exc)}")
 ui.set_query(run=run_id)
+run_actions.remember_run(run_id)  # the sidebar's Optimize opens on this run
 
 ui.sidebar_run_picker(home, choices, run_id, with_status=True)
-st.sidebar.page_link(
-    "views/compare.py",
-    label="Compare with…",
-    icon=":material/compare_arrows:",
-    query_params={"b": str(run_id)},
-)
+run_actions.compare_with_link(home, run_id)  # a run of the same command first
 
 with ui.errors_as_one_line():
     header = data.run_header(home, run_id)
@@ -74,6 +70,8 @@ st.caption(
     + f" · host {run['host']} · folder `{d.run_dir}`"
 )
 st.code(ui.fmt_command(run["command"]), language="bash")
+if ui.stop_line(run):
+    st.caption(ui.stop_line(run))
 sec.applied_section(run)
 if run["status"] in ("failed", "killed"):
     st.error(f"{run['status']}: {ui.failure_line(run)}", icon=":material/error:")
@@ -102,7 +100,7 @@ def live_headline() -> None:
     if attached:
         stack_sections.attach_headline(dd, stack_data.stack_view(home, run_id, data.run_marker(h)))
     else:
-        sec.headline(dd)
+        sec.headline(dd, report)
 
 
 @st.fragment(run_every=data.LIVE_REFRESH_S if live else None)
@@ -145,7 +143,7 @@ if paths:
             st.caption(f":material/warning: {w}")
 
 live_headline()
-hw.mfu_headline(report)
+hw.mfu_headline(report, home, run.get("host"))
 
 diagnosis = None  # a failed diagnosis says why in one line, and offers the button again
 with ui.errors_as_one_line():

@@ -17,7 +17,8 @@ from datetime import datetime
 import pandas as pd
 import streamlit as st
 
-from stepscope.app.dashboard import data, ui
+from stepscope.app.dashboard import compare_pair, data, ui
+from stepscope.app.dashboard.tables import fmt_one_decimal, unknown_in_words
 from stepscope.app.formats import fmt_pct
 from stepscope.app.ownership import this_host, this_user
 from stepscope.types import Finding
@@ -65,14 +66,26 @@ def _finding_text(f: Finding | None) -> str:
     return f"{f.label}: {f.title}{share}"
 
 
+#: the figures' columns: one decimal, the unit in the header
+FIGURES = ("median step (ms)", "samples/s", "data wait (%)")
+
+
+def _status(status: str, stop_reason: object) -> str:
+    """The status mark, with why stepscope stopped a run ("✓ stopped: step limit")."""
+    mark = ui.STATUS_MARK.get(status, status)
+    why = {"max_steps": "step limit", "sweep": "sweep done"}.get(str(stop_reason or ""))
+    return f"{mark}: {why}" if status == "stopped" and why else mark
+
+
 def _view(t: pd.DataFrame) -> pd.DataFrame:
-    """The table as shown: numbers stay numbers (sortable), units go in the column format."""
-    return pd.DataFrame(
+    """The table as shown: numbers stay numbers (sortable), units go in the column format;
+    a column with an unknown figure (a run with no timed step) is text, with a dash."""
+    view = pd.DataFrame(
         {
             "id": t["id"],
             "open": [f"run?run={i}" for i in t["id"]],
             "name": t["name"],
-            "status": [ui.STATUS_MARK.get(s, s) for s in t["status"]],
+            "status": [_status(s, r) for s, r in zip(t["status"], t["stop_reason"], strict=True)],
             "steps": t["steps"],
             "median step (ms)": t["step_time_median_s"].astype(float) * 1e3,
             "samples/s": t["samples_per_s"].astype(float),
@@ -84,6 +97,7 @@ def _view(t: pd.DataFrame) -> pd.DataFrame:
             "started": [datetime.fromtimestamp(s) for s in t["started_at"]],
         }
     )
+    return unknown_in_words(view, dict.fromkeys(FIGURES, fmt_one_decimal))
 
 
 def _filtered(t: pd.DataFrame) -> pd.DataFrame:
@@ -115,8 +129,9 @@ def runs_view() -> None:
         )
     shown = _filtered(t)
     st.caption(f"{len(shown)} of {len(t)} runs")
+    view = _view(shown)
     event = st.dataframe(
-        _view(shown),
+        view,
         hide_index=True,
         on_select="rerun",
         selection_mode="multi-row",
@@ -124,9 +139,11 @@ def runs_view() -> None:
         column_config={
             "id": st.column_config.NumberColumn("id", format="%d", width="small"),
             "open": st.column_config.LinkColumn("open", display_text="open ›", width="small"),
-            "median step (ms)": st.column_config.NumberColumn(format="%.1f"),
-            "samples/s": st.column_config.NumberColumn(format="%.1f"),
-            "data wait (%)": st.column_config.NumberColumn(format="%.1f"),
+            **{
+                c: st.column_config.NumberColumn(format="%.1f")
+                for c in FIGURES
+                if pd.api.types.is_numeric_dtype(view[c])
+            },
             "started": st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm:ss"),
             "command": st.column_config.TextColumn(width="large"),
         },
@@ -151,15 +168,22 @@ def runs_view() -> None:
         icon=":material/open_in_new:",
         query_params={"run": str(pick)},
     )
-    pair = sorted(selected[:2]) if len(selected) >= 2 else sorted(ids[:2])
-    if len(pair) == 2:
+    two = selected[:2] if len(selected) >= 2 else ids[:2]
+    if len(two) == 2:
+        with ui.errors_as_one_line():
+            relations = data.run_relations(home)
+        # baseline first (an experiment's, else the older run): B's ratio is its gain
+        a, b = compare_pair.ordered(two[0], two[1], relations)
         c3.page_link(
             "views/compare.py",
-            label=f"Compare #{pair[0]} → #{pair[1]}",
+            label=f"Compare #{a} → #{b}",
             icon=":material/compare_arrows:",
-            query_params={"a": str(pair[0]), "b": str(pair[1])},
+            query_params={"a": str(a), "b": str(b)},
         )
-    st.caption("Select one row to open it, two to compare them (older one as the baseline).")
+    st.caption(
+        "Select one row to open it, two to compare them (an experiment's baseline as A, "
+        "else the older run)."
+    )
 
 
 runs_view()
