@@ -147,6 +147,16 @@ def test_the_run_page_says_where_each_data_wait_figure_comes_from(
     assert "data wait" in shown
 
 
+def test_a_generation_run_has_one_set_of_request_figures(home: Path, story: dict[str, Any]) -> None:
+    """A generation run's steps are its requests: the page gives their latency and rates
+    once, from the requests' timers, never a step-timer p50 beside a request p50."""
+    at = open_page("run", run=str(story["ids"]["generate"]))
+    no_errors(at)
+    labels = [m.label for m in at.metric]
+    assert "step time p50" not in labels and "steps/s" not in labels, labels
+    assert labels.count("requests/s") == 1 and "request p99" in labels, labels
+
+
 def test_a_cpu_run_gets_no_tensor_core_advice(home: Path, story: dict[str, Any]) -> None:
     for name in ("input-bound", "infer", "generate", "imagenet"):
         at = open_page("run", run=str(story["ids"][name]))

@@ -16,6 +16,7 @@ import pandas as pd
 import streamlit as st
 
 from stepscope.analyzers.breakdown import CATEGORIES
+from stepscope.analyzers.generation import is_generation
 from stepscope.analyzers.latency import wall_times
 from stepscope.analyzers.step_stats import timed_steps
 from stepscope.analyzers.trace_report import TraceReport
@@ -34,6 +35,15 @@ def headline(d: data.RunData, report: TraceReport | None = None) -> None:
     all timed steps against a few profiled ones)."""
     s = d.summary
     label, peak = data.peak_memory(d.samples)
+    if is_generation(d.steps):
+        # a step is a generate() request: its figures are the Generation section's, from
+        # the requests' own timers; step figures beside them would be a second story
+        st.metric(label, fmt_bytes(peak, digits=3))
+        st.caption(
+            f"{left_out_line(s, report)}. Each step is one generate() request: latency, "
+            "tokens/s and requests/s are in the Generation section below."
+        )
+        return
     cols = st.columns(6)
     cols[0].metric(
         "steps/s",
