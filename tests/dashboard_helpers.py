@@ -382,3 +382,9 @@ def texts(at: AppTest) -> str:
         [i.value for i in at.info] + [e.value for e in at.error] + [w.value for w in at.warning]
     )
     return "\n".join(parts)
+
+
+def ablation_page(result: dict) -> None:  # AppTest.from_function runs its source alone
+    from stepscope.app.dashboard.experiment_view import ablation_table
+
+    ablation_table(result)

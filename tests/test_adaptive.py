@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from dashboard_helpers import experiment_result
+from dashboard_helpers import ablation_page, experiment_result
 
 from stepscope.app.cli import main as cli
 from stepscope.app.cli.optimize import render
@@ -425,12 +425,6 @@ def test_full_runs_every_trial(slow_fix: tuple[Path, int]) -> None:
 
 
 # -- the Optimize page tells the same story as the CLI -------------------------------------
-def _page(result: dict) -> None:  # its source runs alone: no names from this module
-    from stepscope.app.dashboard.experiment_view import ablation_table
-
-    ablation_table(result)
-
-
 def test_the_page_shows_a_stopped_arm_and_why() -> None:
     from streamlit.testing.v1 import AppTest
 
@@ -446,7 +440,7 @@ def test_the_page_shows_a_stopped_arm_and_why() -> None:
              "verdict": "faster", "stopped": None},
         ],
     }  # fmt: skip
-    at = AppTest.from_function(_page, args=(result,)).run()
+    at = AppTest.from_function(ablation_page, args=(result,)).run()
     assert not at.exception
     table = at.dataframe[0].value.set_index("candidate")
     assert table.loc["slow", "status"] == "stopped (1 of 3 trials)"

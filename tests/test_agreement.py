@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from dashboard_helpers import ablation_page
 
 from stepscope.app.cli.optimize import render
 from stepscope.app.cli.term import console
@@ -212,12 +213,6 @@ def test_the_cli_says_why_a_candidate_disagrees() -> None:
     assert "Keep:" not in out
 
 
-def _page(result: dict) -> None:  # its source runs alone: no names from this module
-    from stepscope.app.dashboard.experiment_view import ablation_table
-
-    ablation_table(result)
-
-
 def test_the_page_says_why_a_candidate_disagrees_in_its_row() -> None:
     from streamlit.testing.v1 import AppTest
 
@@ -231,7 +226,7 @@ def test_the_page_says_why_a_candidate_disagrees_in_its_row() -> None:
              "agreement": {"agrees": False, "text": text}},
         ],
     }  # fmt: skip
-    at = AppTest.from_function(_page, args=(result,)).run()
+    at = AppTest.from_function(ablation_page, args=(result,)).run()
     assert not at.exception
     row = at.dataframe[0].value.set_index("candidate").loc["all"]
     assert row["verdict"] == DISAGREE and row["why"] == text
