@@ -89,17 +89,17 @@ def _child_floor_nogc(path: Path) -> Callable[[], None]:
 
 def _child_stepscope(path: Path) -> Callable[[], None]:
     try:
-        from stepscope.analyzers.trace_report import analyze_trace
+        from stepscope.analyzers.report.trace_report import analyze_trace
     except ImportError:
         analyze_trace = None
     if analyze_trace is not None:
         return lambda: analyze_trace([path])
     # until the full report exists: the loader and the analyses that are written
-    from stepscope.analyzers.communication import communication_summary
-    from stepscope.analyzers.idle_time import idle_time_breakdown
-    from stepscope.analyzers.memory import memory_curve, memory_summary
-    from stepscope.analyzers.temporal import temporal_breakdown
-    from stepscope.analyzers.trace_load import load_trace
+    from stepscope.analyzers.trace.communication import communication_summary
+    from stepscope.analyzers.trace.idle_time import idle_time_breakdown
+    from stepscope.analyzers.trace.load import load_trace
+    from stepscope.analyzers.trace.memory import memory_curve, memory_summary
+    from stepscope.analyzers.trace.temporal import temporal_breakdown
 
     def work() -> None:
         trace = load_trace([path])

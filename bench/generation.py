@@ -28,8 +28,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from stepscope.analyzers.diagnosis import diagnose_run
-from stepscope.analyzers.generation import generation_summary, request_table
+from stepscope.analyzers.rules.diagnosis import diagnose_run
+from stepscope.analyzers.steps.generation import generation_summary, request_table
 from stepscope.collectors.launcher import launch_run
 from stepscope.optim_runner.sweep import run_sweep
 from stepscope.store import RunStore

@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from stepscope.analyzers.diagnosis import diagnose_run
+from stepscope.analyzers.rules.diagnosis import diagnose_run
 from stepscope.collectors.launcher import launch_run
 from stepscope.optim_runner.experiment import run_experiment
 from stepscope.store import RunStore

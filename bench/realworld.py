@@ -34,7 +34,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from stepscope.analyzers.diagnosis import diagnose_run
+from stepscope.analyzers.rules.diagnosis import diagnose_run
 from stepscope.collectors.launcher import launch_run
 from stepscope.optim_runner.experiment import run_experiment
 from stepscope.store import RunStore

@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from stepscope.analyzers.breakdown import CATEGORIES
+from stepscope.analyzers.trace.breakdown import CATEGORIES
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "tests" / "data"

@@ -6,7 +6,7 @@ Calibrates this host (``stepscope.collectors.calibrate.calibrate``: best-of matm
 FLOP/s and STREAM triad bandwidth, at torch's current thread count, what the jobs get),
 then captures two jobs with ``torch.profiler`` (``record_shapes=True``), one after the
 other in this process, and reads each against the calibration with
-``stepscope.analyzers.roofline``:
+``stepscope.analyzers.hardware.roofline``:
 
 * GEMM-heavy: an MLP (two 1024x1024 Linear layers, batch 256) trained with SGD in a
   plain loop. Issue 14 expects its matmuls between 20 % and 100 % of the calibrated
@@ -32,8 +32,8 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from stepscope.analyzers.roofline import Roofline, roofline
-from stepscope.analyzers.trace_load import load_trace
+from stepscope.analyzers.hardware.roofline import Roofline, roofline
+from stepscope.analyzers.trace.load import load_trace
 from stepscope.collectors.calibrate import calibrate
 
 

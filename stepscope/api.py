@@ -19,10 +19,10 @@ from typing import Any
 
 import pandas as pd
 
-from stepscope.analyzers.generation import generation_summary, requests_frame, token_latencies
-from stepscope.analyzers.step_stats import summarize_steps
-from stepscope.analyzers.trace_load import TraceError
-from stepscope.analyzers.trace_report import analyze_trace
+from stepscope.analyzers.report.trace_report import analyze_trace
+from stepscope.analyzers.steps.generation import generation_summary, requests_frame, token_latencies
+from stepscope.analyzers.steps.step_stats import summarize_steps
+from stepscope.analyzers.trace.load import TraceError
 from stepscope.app.formats import fmt_s, missing, speed_caption
 from stepscope.optim_runner.speed import Speed, compare_speed
 from stepscope.optim_runner.stats import SpeedupCI

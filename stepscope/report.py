@@ -17,13 +17,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stepscope.analyzers.breakdown import CATEGORIES
-from stepscope.analyzers.diagnosis import Diagnosis, diagnose_report, diagnose_run
-from stepscope.analyzers.generation import generation_summary, requests_frame, token_latencies
-from stepscope.analyzers.phases import PHASES as TRACE_PHASES
-from stepscope.analyzers.step_stats import PHASES as STEP_TIMER_PHASES
-from stepscope.analyzers.step_stats import summarize_steps
-from stepscope.analyzers.trace_report import TraceReport
+from stepscope.analyzers.report.trace_report import TraceReport
+from stepscope.analyzers.rules.diagnosis import Diagnosis, diagnose_report, diagnose_run
+from stepscope.analyzers.steps.generation import generation_summary, requests_frame, token_latencies
+from stepscope.analyzers.steps.phases import PHASES as TRACE_PHASES
+from stepscope.analyzers.steps.step_stats import PHASES as STEP_TIMER_PHASES
+from stepscope.analyzers.steps.step_stats import summarize_steps
+from stepscope.analyzers.trace.breakdown import CATEGORIES
 from stepscope.app.formats import fmt_s
 from stepscope.store import RunStore
 from stepscope.types import Finding
@@ -157,7 +157,7 @@ class Report:
         """Step-time breakdown of the trace: one row per (rank, step, category).
 
         Columns: ``rank``, ``step`` (the ``ProfilerStep#`` number), ``category`` (one
-        of ``stepscope.analyzers.breakdown.CATEGORIES``, torch-tb-profiler's: Kernel,
+        of ``stepscope.analyzers.trace.breakdown.CATEGORIES``, torch-tb-profiler's: Kernel,
         Memcpy, Memset, Communication, Runtime, DataLoader, CPU Exec, Other, in that
         order), ``time_ns`` (the category's time in the step, by priority subtraction:
         the categories of a step add up to it), ``step_ns`` (the step's wall time) and
@@ -213,7 +213,7 @@ class Report:
         """What each step is made of, phase by phase.
 
         One row per (source, rank, step, phase). Columns: ``source`` ('trace': the
-        profiled steps, from the trace's annotations, ``stepscope.analyzers.phases``:
+        profiled steps, from the trace's annotations, ``stepscope.analyzers.steps.phases``:
         data_wait, forward, backward, optimizer, communication (exposed), sync, other;
         'steps': every step the step timer recorded, from its hooks: data_wait, forward,
         backward, optimizer, other; a run recorded before the timer had phases has
@@ -256,7 +256,7 @@ class Report:
     @cached_property
     def requests(self) -> pd.DataFrame:
         """A text-generation run's requests, one row per ``generate()`` call or decode
-        loop (``analyzers/generation.py``); empty for any other run and for trace files.
+        loop (``analyzers/steps/generation.py``); empty for any other run and for trace files.
 
         Columns: ``rank``, ``request`` (0-based per rank), ``step`` (the step it was, None
         until it ended or in a training job), ``source`` ('generate' or 'loop'), ``status``

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-#: The phases of a training step (``analyzers/phases.py``, the step timer) as shown.
+#: The phases of a training step (``analyzers/steps/phases.py``, the step timer) as shown.
 PHASE_LABELS = {
     "data_wait": "data wait",
     "forward": "forward",

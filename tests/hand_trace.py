@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from stepscope.analyzers.trace_columns import CATEGORIES, DEVICE_CATEGORIES
-from stepscope.analyzers.trace_load import Trace
+from stepscope.analyzers.trace.columns import CATEGORIES, DEVICE_CATEGORIES
+from stepscope.analyzers.trace.load import Trace
 
 US = 1000  # ns
 

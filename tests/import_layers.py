@@ -21,7 +21,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("stepscope.store",),
     ("stepscope.fixes",),
     ("stepscope.collectors",),
-    ("stepscope.analyzers",),
+    # the analyzers, by what each reads: a trace's events, then the hardware's roofs
+    # and the run's steps over them, the report over all of those, the rules on top
+    ("stepscope.analyzers", "stepscope.analyzers.trace"),
+    ("stepscope.analyzers.hardware", "stepscope.analyzers.steps"),
+    ("stepscope.analyzers.report",),
+    ("stepscope.analyzers.rules",),
     ("stepscope.optim_runner",),
     ("stepscope.app",),
     ("stepscope", "stepscope.api"),

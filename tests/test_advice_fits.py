@@ -13,10 +13,10 @@ from types import SimpleNamespace
 import pytest
 
 from stepscope import fixes as catalog
-from stepscope.analyzers.evidence import Evidence
-from stepscope.analyzers.readings import has_backward, model_phase
-from stepscope.analyzers.recommend import recommend
-from stepscope.analyzers.rules_compute import device_compute
+from stepscope.analyzers.rules.compute import device_compute
+from stepscope.analyzers.rules.evidence import Evidence
+from stepscope.analyzers.rules.readings import has_backward, model_phase
+from stepscope.analyzers.rules.recommend import recommend
 from stepscope.fixes.fused_optimizer import REMOVES_OF_OPTIMIZER_PHASE
 from stepscope.types import Finding, FixAdvice, JobContext, phase_label
 

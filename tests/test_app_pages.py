@@ -58,9 +58,9 @@ from recordings import failing_run, ib_profiled, ib_short
 from streamlit.testing.v1 import AppTest
 from traces import A100, trace_path
 
-from stepscope.analyzers.stacks import classify_samples, phase_shares, top_sites
-from stepscope.analyzers.step_stats import summarize_steps
-from stepscope.analyzers.trace_report import analyze_trace
+from stepscope.analyzers.report.trace_report import analyze_trace
+from stepscope.analyzers.steps.stacks import classify_samples, phase_shares, top_sites
+from stepscope.analyzers.steps.step_stats import summarize_steps
 from stepscope.app.dashboard import tensorboard
 from stepscope.app.formats import fmt_num, fmt_pct, fmt_s
 from stepscope.collectors.attach import attach_run_of, start_attach
@@ -591,7 +591,7 @@ def opt_home(optimizable: dict, monkeypatch: pytest.MonkeyPatch, _isolated_store
 
 def auto_fix_ids(home: Path, run_id: int) -> list[str]:
     """The auto fixes over the run's saved findings, diagnosing it first if need be."""
-    from stepscope.analyzers.diagnosis import diagnose_run
+    from stepscope.analyzers.rules.diagnosis import diagnose_run
 
     with RunStore(home) as store:
         if not store.findings(run_id):
@@ -816,7 +816,7 @@ def test_optimize_failed_run_and_failed_experiment(opt_home: Path, optimizable) 
 
 def _a100_run(home: Path) -> int:
     """A run holding a real A100 trace (NCCL, 3 steps), diagnosed: GPU-only fixes."""
-    from stepscope.analyzers.diagnosis import diagnose_run
+    from stepscope.analyzers.rules.diagnosis import diagnose_run
 
     with RunStore(home) as store:
         run_id = store.create_run(["python", "train.py"], name="a100", status="completed")

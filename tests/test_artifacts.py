@@ -25,7 +25,7 @@ from s3_server import (
 from streamlit.testing.v1 import AppTest
 
 from stepscope import api
-from stepscope.analyzers.trace_report import analyze_trace
+from stepscope.analyzers.report.trace_report import analyze_trace
 from stepscope.store import RunStore
 from stepscope.store.artifacts import (
     ARTIFACTS_ENV,

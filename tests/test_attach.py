@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from stepscope.analyzers.thresholds import INPUT_HIGH
+from stepscope.analyzers.rules.thresholds import INPUT_HIGH
 from stepscope.store import RunStore
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from traces import CPU_ONLY, MI250, RANK0, RANK1, RESNET_NW0, RESNET_NW4, V100_NS, trace_path
 
-from stepscope.analyzers.breakdown import (
+from stepscope.analyzers.trace.breakdown import (
     CATEGORIES,
     average_breakdown,
     breakdown_shares,
     step_breakdown,
 )
-from stepscope.analyzers.trace_load import load_trace
+from stepscope.analyzers.trace.load import load_trace
 
 # Pinned by bench/reference_tb_profiler.py (RunProfileData.parse + RunGenerator), tb-profiler 0.4.3
 REFERENCE = json.loads(

@@ -9,8 +9,8 @@ import pytest
 from hand_trace import US, ev, launch, make_trace
 from traces import trace_path
 
-from stepscope.analyzers.communication import communication_summary
-from stepscope.analyzers.trace_load import load_trace
+from stepscope.analyzers.trace.communication import communication_summary
+from stepscope.analyzers.trace.load import load_trace
 
 REFERENCE = Path(__file__).parent / "reference" / "hta_reference.json"
 NCCL = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)"

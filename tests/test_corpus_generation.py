@@ -36,7 +36,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from stepscope.analyzers.generation import generation_summary, timed_requests
+from stepscope.analyzers.steps.generation import generation_summary, timed_requests
 from stepscope.store import RunStore
 
 pytestmark = pytest.mark.slow

@@ -32,7 +32,7 @@ from calibrations import ROUND_CALIBRATION
 from dashboard_helpers import end_process, start_plain_job
 from recordings import ib_profiled
 
-from stepscope.analyzers.step_stats import summarize_steps
+from stepscope.analyzers.steps.step_stats import summarize_steps
 from stepscope.app.formats import fmt_pct, fmt_s
 from stepscope.optim_runner.stats import speedup_ci, timed_step_times
 from stepscope.store import RunStore

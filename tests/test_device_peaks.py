@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from stepscope.analyzers.device_peaks import (
+from stepscope.analyzers.hardware.device_peaks import (
     DEVICE_PEAKS,
     match_device,
     match_properties,
@@ -14,7 +14,7 @@ from stepscope.analyzers.device_peaks import (
     peak_for_trace,
     peak_from_calibration,
 )
-from stepscope.analyzers.trace_load import load_trace
+from stepscope.analyzers.trace.load import load_trace
 from stepscope.store.calibration import Calibration
 from tests.traces import A100, CPU_ONLY, MI250, RANK0, RESNET_NW0, V100_NS, trace_path
 

@@ -18,18 +18,18 @@ from recordings import pause_40
 from traces import trace_path
 
 from stepscope import fixes as catalog
-from stepscope.analyzers import diagnosis as dx
-from stepscope.analyzers import thresholds as th
-from stepscope.analyzers.diagnosis import diagnose, diagnose_report, diagnose_run
-from stepscope.analyzers.evidence import Evidence, gather, system_summary
-from stepscope.analyzers.recommend import predict
-from stepscope.analyzers.rules_communication import collectives, host_device
-from stepscope.analyzers.rules_compute import device_compute, host_overhead
-from stepscope.analyzers.rules_io import input_pipeline, storage, waiting_process
-from stepscope.analyzers.rules_memory import memory_bandwidth, memory_capacity
-from stepscope.analyzers.syncs import host_device_syncs
-from stepscope.analyzers.trace_load import load_trace
-from stepscope.analyzers.trace_report import TraceReport, analyze_trace
+from stepscope.analyzers.report.trace_report import TraceReport, analyze_trace
+from stepscope.analyzers.rules import diagnosis as dx
+from stepscope.analyzers.rules import thresholds as th
+from stepscope.analyzers.rules.communication import collectives, host_device
+from stepscope.analyzers.rules.compute import device_compute, host_overhead
+from stepscope.analyzers.rules.diagnosis import diagnose, diagnose_report, diagnose_run
+from stepscope.analyzers.rules.evidence import Evidence, gather, system_summary
+from stepscope.analyzers.rules.io import input_pipeline, storage, waiting_process
+from stepscope.analyzers.rules.memory import memory_bandwidth, memory_capacity
+from stepscope.analyzers.rules.recommend import predict
+from stepscope.analyzers.trace.load import load_trace
+from stepscope.analyzers.trace.syncs import host_device_syncs
 from stepscope.collectors.launcher import launch_run
 from stepscope.collectors.system_sampler import run_sampler
 from stepscope.fixes.requirements import REQUIREMENTS

@@ -15,13 +15,13 @@ import pandas as pd
 import pytest
 from traces import RESNET_NW0, trace_path
 
-from stepscope.analyzers.flops import (
+from stepscope.analyzers.hardware.flops import (
     NORM_FLOPS_PER_ELEMENT,
     flops_per_step,
     flops_summary,
     operator_flops,
 )
-from stepscope.analyzers.trace_load import load_trace
+from stepscope.analyzers.trace.load import load_trace
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional

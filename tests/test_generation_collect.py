@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from stepscope.analyzers.generation import generation_summary, request_table
+from stepscope.analyzers.steps.generation import generation_summary, request_table
 from stepscope.collectors.launcher import launch_run
 from stepscope.store import RunStore
 

@@ -19,22 +19,22 @@ import pandas as pd
 import pytest
 from calibrations import ROUND_CALIBRATION
 
-from stepscope.analyzers.diagnosis import diagnose, diagnose_run
-from stepscope.analyzers.evidence import Evidence, generation_facts
-from stepscope.analyzers.generation import generation_summary, timed_requests, token_latencies
-from stepscope.analyzers.recommend import recommend
-from stepscope.analyzers.rules_generation import (
+from stepscope.analyzers.rules.diagnosis import diagnose, diagnose_run
+from stepscope.analyzers.rules.evidence import Evidence, generation_facts
+from stepscope.analyzers.rules.generation import (
     decode_batch_one,
     long_prefill,
     no_kv_cache,
 )
-from stepscope.analyzers.rules_inference import inference_grad, small_batch
-from stepscope.analyzers.thresholds import (
+from stepscope.analyzers.rules.inference import inference_grad, small_batch
+from stepscope.analyzers.rules.recommend import recommend
+from stepscope.analyzers.rules.thresholds import (
     DECODE_MIN,
     LONG_PREFILL_MIN,
     NO_CACHE_MIN_GROWTH,
     NO_CACHE_MIN_POSITIONS,
 )
+from stepscope.analyzers.steps.generation import generation_summary, timed_requests, token_latencies
 from stepscope.store import RunStore
 from stepscope.store.calibration import save_calibration
 from stepscope.types import JobContext

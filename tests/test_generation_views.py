@@ -5,7 +5,7 @@ One store is recorded for the module with the real CLI: a Hugging Face job (a GP
 config; three one-prompt requests, one batched request of two prompts, one request that
 raises), a nanoGPT-style decode loop without a KV cache, and a plain inference job
 (forward steps, no requests). Each job prints what it did; the views are held against
-that and against ``analyzers/generation.py`` on the same store. No speed is asserted.
+that and against ``analyzers/steps/generation.py`` on the same store. No speed is asserted.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dashboard_helpers import no_errors, open_page, stepscope, texts
 from streamlit.testing.v1 import AppTest
 
 import stepscope as api
-from stepscope.analyzers.generation import (
+from stepscope.analyzers.steps.generation import (
     REQUEST_COLUMNS,
     TOKEN_COLUMNS,
     generation_summary,

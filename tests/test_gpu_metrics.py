@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 from traces import A100, CPU_ONLY, MI250, RESNET_NW0, RESNET_NW4, trace_path
 
-from stepscope.analyzers.gpu_metrics import (
+from stepscope.analyzers.hardware.gpu_metrics import (
     gpu_metrics,
     sm_efficiency,
     uses_tensor_cores,
     uses_tensor_cores_modern,
 )
-from stepscope.analyzers.trace_load import load_trace
+from stepscope.analyzers.trace.load import load_trace
 
 REFERENCE = json.loads(
     (Path(__file__).parent / "reference" / "tb_profiler_breakdown.json").read_text()

@@ -14,8 +14,8 @@ import pytest
 from calibrations import ROUND_CALIBRATION
 from traces import CPU_ONLY, RESNET_NW0, trace_path
 
-from stepscope.analyzers.phases import PHASES
-from stepscope.analyzers.trace_report import TraceReport, analyze_trace
+from stepscope.analyzers.report.trace_report import TraceReport, analyze_trace
+from stepscope.analyzers.steps.phases import PHASES
 from stepscope.app.dashboard import hardware_sections as hw
 from stepscope.app.dashboard.charts.hardware import (
     REST_LABEL,

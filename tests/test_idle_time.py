@@ -9,8 +9,8 @@ import pytest
 from hand_trace import US, ev, launch, make_trace
 from traces import trace_path
 
-from stepscope.analyzers.idle_time import idle_time_breakdown
-from stepscope.analyzers.trace_load import load_trace
+from stepscope.analyzers.trace.idle_time import idle_time_breakdown
+from stepscope.analyzers.trace.load import load_trace
 
 REFERENCE = Path(__file__).parent / "reference" / "hta_reference.json"
 

@@ -17,9 +17,9 @@ from types import SimpleNamespace
 import pytest
 
 from stepscope import fixes as catalog
-from stepscope.analyzers.diagnosis import diagnose_run
-from stepscope.analyzers.evidence import Evidence
-from stepscope.analyzers.rules_inference import inference_grad, inference_train_mode
+from stepscope.analyzers.rules.diagnosis import diagnose_run
+from stepscope.analyzers.rules.evidence import Evidence
+from stepscope.analyzers.rules.inference import inference_grad, inference_train_mode
 from stepscope.collectors.contract import ENV_PLAN
 from stepscope.store import RunStore
 from stepscope.types import JobContext

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from traces import A100, CPU_ONLY, MI250, RANK0, RESNET_NW0, trace_path
 
-from stepscope.analyzers.kernels import (
+from stepscope.analyzers.trace.kernels import (
     HOST_TREE_CATS,
     KERNEL_CLASSES,
     class_summary,
@@ -16,7 +16,7 @@ from stepscope.analyzers.kernels import (
     top_kernels,
     top_ops,
 )
-from stepscope.analyzers.trace_load import load_trace
+from stepscope.analyzers.trace.load import load_trace
 
 REAL_NAMES = [
     # V100 (cuDNN / cuBLAS volta_*)

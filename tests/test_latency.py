@@ -23,8 +23,8 @@ import pytest
 from dashboard_helpers import ENTRY, record, stepscope
 from streamlit.testing.v1 import AppTest
 
-from stepscope.analyzers.latency import is_inference, latency_summary
-from stepscope.analyzers.step_stats import summarize_steps, timed_steps
+from stepscope.analyzers.steps.latency import is_inference, latency_summary
+from stepscope.analyzers.steps.step_stats import summarize_steps, timed_steps
 from stepscope.app.cli import term
 from stepscope.app.cli.optimize import render
 from stepscope.app.formats import fmt_num, fmt_s

@@ -11,7 +11,8 @@ import pytest
 from hand_trace import ev, make_trace
 from traces import trace_path
 
-from stepscope.analyzers.memory import (
+from stepscope.analyzers.trace.load import load_trace
+from stepscope.analyzers.trace.memory import (
     TIMELINE_CATEGORIES,
     load_memory_timeline,
     memory_curve,
@@ -19,7 +20,6 @@ from stepscope.analyzers.memory import (
     memory_timeline_by_category,
     memory_timeline_peaks,
 )
-from stepscope.analyzers.trace_load import load_trace
 
 
 def _mem_trace(n_cuda: int = 10, meta=None):

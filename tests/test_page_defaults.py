@@ -227,7 +227,7 @@ def measured_home(
     """The input-bound recording, diagnosed, with a finished experiment on it that measured
     prefetch_factor slower, persistent_workers no change, the workers faster, and three
     trial runs of 10, 12 and 14 s (plus a crashed one of 1 s, which does not count)."""
-    from stepscope.analyzers.diagnosis import diagnose_run
+    from stepscope.analyzers.rules.diagnosis import diagnose_run
 
     home = ib_short(tmp_path_factory, "defaults")
     with RunStore(home) as store:

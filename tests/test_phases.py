@@ -13,10 +13,10 @@ import pytest
 from hand_trace import ev, launch, make_trace
 from traces import A100, ALL, CPU_ONLY, RESNET_NW0, RESNET_NW4, trace_path
 
-from stepscope.analyzers.breakdown import adjusted_steps, breakdown_shares, step_breakdown
-from stepscope.analyzers.diagnosis import diagnose_run
-from stepscope.analyzers.phases import PHASES, average_phases, phase_shares, step_phases
-from stepscope.analyzers.trace_load import load_trace
+from stepscope.analyzers.rules.diagnosis import diagnose_run
+from stepscope.analyzers.steps.phases import PHASES, average_phases, phase_shares, step_phases
+from stepscope.analyzers.trace.breakdown import adjusted_steps, breakdown_shares, step_breakdown
+from stepscope.analyzers.trace.load import load_trace
 from stepscope.store import RunStore
 from stepscope.types import PHASE_LABELS
 

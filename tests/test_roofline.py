@@ -16,8 +16,8 @@ import pandas as pd
 import pytest
 from traces import A100, CPU_ONLY, RESNET_NW0, trace_path
 
-from stepscope.analyzers.roofline import COLUMNS, NO_CALIBRATION, choose_peak, roofline
-from stepscope.analyzers.trace_load import load_trace
+from stepscope.analyzers.hardware.roofline import COLUMNS, NO_CALIBRATION, choose_peak, roofline
+from stepscope.analyzers.trace.load import load_trace
 from stepscope.store.calibration import Calibration
 
 #: Figures close to what `stepscope calibrate` measured on the 2-core test VM (51.6

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from stepscope.analyzers.stacks import (
+from stepscope.analyzers.steps.stacks import (
     classify,
     classify_samples,
     parse_frames,

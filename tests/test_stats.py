@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from stepscope.analyzers.step_stats import summarize_steps
+from stepscope.analyzers.steps.step_stats import summarize_steps
 from stepscope.optim_runner.stats import speedup_ci, timed_step_times
 
 

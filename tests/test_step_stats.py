@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 from recordings import pause_40
 
-from stepscope.analyzers.step_stats import describe_wait_outliers, summarize_steps
-from stepscope.analyzers.thresholds import INPUT_HIGH, INPUT_MIN
+from stepscope.analyzers.rules.thresholds import INPUT_HIGH, INPUT_MIN
+from stepscope.analyzers.steps.step_stats import describe_wait_outliers, summarize_steps
 from stepscope.collectors.launcher import launch_run
 from stepscope.store import RunStore
 

@@ -214,7 +214,7 @@ def _exclusive(df) -> None:
 def test_phases_of_a_plain_adamw_loop(tmp_path):
     """The per-parameter AdamW update (foreach=False) is a large share of a small MLP's
     step; forward is still timed once the global forward hooks are gone (step 1 on)."""
-    from stepscope.analyzers.step_stats import summarize_steps
+    from stepscope.analyzers.steps.step_stats import summarize_steps
 
     _, _, df = _run(tmp_path, "phases_train.py", "--pattern", "loop")
     assert list(df["step"]) == list(range(12)) and set(df["kind"]) == {"optimizer"}

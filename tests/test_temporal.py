@@ -9,8 +9,8 @@ import pytest
 from hand_trace import US, ev, launch, make_trace
 from traces import trace_path
 
-from stepscope.analyzers.temporal import temporal_breakdown
-from stepscope.analyzers.trace_load import load_trace
+from stepscope.analyzers.trace.load import load_trace
+from stepscope.analyzers.trace.temporal import temporal_breakdown
 
 REFERENCE = Path(__file__).parent / "reference" / "hta_reference.json"
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from traces import ALL, CPU_ONLY, MI250, RANK0, RANK1, RESNET_NW0, V100_NS, trace_path
 
-from stepscope.analyzers.trace_columns import CATEGORIES
-from stepscope.analyzers.trace_load import TraceError, load_trace
+from stepscope.analyzers.trace.columns import CATEGORIES
+from stepscope.analyzers.trace.load import TraceError, load_trace
 
 EXPECTED_DTYPES = {
     "rank": "int16",

@@ -67,7 +67,7 @@ class JobFacts:
         step yet): how it ran. Counted once per step, never per submodule call: whether
         autograd recorded it (grad mode on and not ``inference_mode``: ``grad`` is False
         inside inference_mode) and whether the model was in training mode. The diagnosis
-        reads the shares (``analyzers/rules_inference.py``)."""
+        reads the shares (``analyzers/rules/inference.py``)."""
         fwd = self.facts.get("forward")
         if fwd is None:
             fwd = self.facts["forward"] = {"steps": 0, "grad_steps": 0, "train_mode_steps": 0}

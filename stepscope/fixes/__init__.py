@@ -10,7 +10,7 @@ generation, precision, compute, memory, distributed). Adding a fix is one new mo
 
 Typical gains are quoted only with their source, and only to jobs of the device and kind
 the source measured (``Fix.fit``, ``fitting.py``); where a fix cites none the prediction
-is the Amdahl bound from the finding's share alone (``analyzers.recommend.predict``), or
+is the Amdahl bound from the finding's share alone (``analyzers.rules.recommend.predict``), or
 from its phases' share (``Fix.phases``) where that is smaller.
 """
 

@@ -2,7 +2,7 @@
 the earlier ones, instead of the whole sequence again for every token.
 
 Without a cache each decode step recomputes every earlier position's projections, so its
-time grows with the context (``rules_generation.no_kv_cache`` fits it); with one it
+time grows with the context (``rules.generation.no_kv_cache`` fits it); with one it
 computes the new token only. A code change (the loop's calls, and for a model of one's
 own its attention layers), so advice: the snippet names the loop's code line the
 requests point to, or the ``generate(use_cache=False)`` calls. Its gain is the finding's

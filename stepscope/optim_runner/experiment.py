@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stepscope.analyzers.generation import is_generation
+from stepscope.analyzers.steps.generation import is_generation
 from stepscope.optim_runner import plan as planning
 from stepscope.optim_runner.adaptive import DEFAULT_BUDGET_MIN, budget_text, check_budget
 from stepscope.optim_runner.contention import contention

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from stepscope.analyzers.generation import request_table
+from stepscope.analyzers.steps.generation import request_table
 from stepscope.collectors.generation_sweep import PROMPTS_KIND, RECORD_KEY, SWEEP_KEY
 from stepscope.optim_runner.contention import contention
 from stepscope.optim_runner.stats import speedup_ci

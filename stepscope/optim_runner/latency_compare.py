@@ -2,7 +2,7 @@
 
 Throughput alone can hide what a serving job cares about: a fix that batches more or
 compiles may raise requests/s and still lengthen the tail. So for inference arms
-(``analyzers/latency.py``: forward steps, no optimizer; a generation job's requests) each candidate also gets the
+(``analyzers/steps/latency.py``: forward steps, no optimizer; a generation job's requests) each candidate also gets the
 ratio of the baseline's latency percentile to its own (> 1: its requests return sooner),
 over the same pooled timed steps as the step-time ratio (warm-up left out of each trial),
 each with a bootstrap interval (``stats.speedup_ci``; each arm resampled on its own).
@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from stepscope.analyzers.generation import is_generation
-from stepscope.analyzers.latency import is_inference
+from stepscope.analyzers.steps.generation import is_generation
+from stepscope.analyzers.steps.latency import is_inference
 from stepscope.optim_runner.speed import LATENCY_RATIOS
 from stepscope.optim_runner.stats import SpeedupCI, speedup_ci
 

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from stepscope.analyzers.latency import is_inference as inference_steps
+from stepscope.analyzers.steps.latency import is_inference as inference_steps
 from stepscope.optim_runner.quality import NOISE_FACTOR, QualityCheck
 from stepscope.store.artifacts import kind_files
 

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from stepscope import fixes as catalog
-from stepscope.analyzers.diagnosis import diagnose_run
+from stepscope.analyzers.rules.diagnosis import diagnose_run
 from stepscope.fixes.dataloader_workers import LOADER_BUSY_PERCENT, choose_num_workers
 from stepscope.types import FixAdvice
 

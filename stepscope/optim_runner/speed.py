@@ -6,7 +6,7 @@ bounds. The ratio of *median* step times is kept beside it: it is robust to a
 neighbour's burst, but it flatters fixes that make steps bimodal (DataLoader workers
 with prefetching give many instant steps and a few long waits; see ``stats.py``).
 Throughput needs every timed step's batch size; without them the median ratio is all
-there is, and the page says so. For two inference runs (``analyzers/latency.py``) the
+there is, and the page says so. For two inference runs (``analyzers/steps/latency.py``) the
 p50 and p99 latency ratios come beside it (A/B, > 1: B's requests return sooner), each
 with its interval: a fix can raise throughput and still lengthen the tail.
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from stepscope.analyzers.latency import is_inference
+from stepscope.analyzers.steps.latency import is_inference
 from stepscope.optim_runner.stats import SpeedupCI, sec_per_sample, speedup_ci, timed_step_times
 
 # The latency percentiles compared between inference runs: the typical request and the tail.

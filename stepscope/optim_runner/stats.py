@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from stepscope.analyzers.latency import PERCENTILES
-from stepscope.analyzers.step_stats import timed_steps
+from stepscope.analyzers.steps.latency import PERCENTILES
+from stepscope.analyzers.steps.step_stats import timed_steps
 
 __all__ = [
     "SpeedupCI",
@@ -82,7 +82,7 @@ def _percentile_ratio(q: float) -> Callable[..., np.ndarray]:
     return ratio
 
 
-# "p50" ... "p99": the latency percentiles of an inference run (``analyzers/latency.py``),
+# "p50" ... "p99": the latency percentiles of an inference run (``analyzers/steps/latency.py``),
 # baseline/candidate as the others, so > 1 means the candidate's requests return sooner.
 # The bootstrap interval of a tail percentile rests on the few slowest steps: on a run of
 # a few dozen steps p99 is nearly the maximum, and its interval is wide, as it should be.

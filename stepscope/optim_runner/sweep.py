@@ -19,7 +19,7 @@ Decisions, and why:
   the job's DataLoader was built with) and from the batch sizes its steps recorded; a
   factor that did not take effect (no DataLoader, a batch sampler) is "not applied",
   never measured, as in an experiment (``failures.drop_if_failed``).
-* **Latency is the step's wall time** (``analyzers/latency.py``): one batch, the data
+* **Latency is the step's wall time** (``analyzers/steps/latency.py``): one batch, the data
   wait included; warm-up steps are left out of each trial (``timed_step_times``).
 * **Stored as an experiment** (``config.kind = "sweep"``, the result's ``rows``): the
   dashboard follows it through the store. The figures: ``sweep_figures.py``.
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stepscope.analyzers.generation import is_generation
+from stepscope.analyzers.steps.generation import is_generation
 from stepscope.optim_runner.contention import contention
 from stepscope.optim_runner.experiment import DEFAULT_STEPS, DEFAULT_TRIALS, check_size
 from stepscope.optim_runner.generation_sweep import (

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from stepscope.analyzers.latency import distribution
+from stepscope.analyzers.steps.latency import distribution
 from stepscope.optim_runner.stats import sec_per_sample, timed_step_times
 
 FIX_ID = "larger_batch"

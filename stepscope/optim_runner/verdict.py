@@ -32,9 +32,9 @@ from typing import Any
 import numpy as np
 
 from stepscope import fixes as catalog
-from stepscope.analyzers.generation import is_generation
-from stepscope.analyzers.recommend import predict
-from stepscope.analyzers.step_stats import summarize_steps
+from stepscope.analyzers.rules.recommend import predict
+from stepscope.analyzers.steps.generation import is_generation
+from stepscope.analyzers.steps.step_stats import summarize_steps
 from stepscope.optim_runner.agreement import DISAGREE, check_agreement, ratio_ci
 from stepscope.optim_runner.bound_check import above_bound_note
 from stepscope.optim_runner.failures import not_applied_error

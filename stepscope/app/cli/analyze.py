@@ -15,10 +15,10 @@ from pathlib import Path
 import orjson
 from rich.table import Table
 
-from stepscope.analyzers.breakdown import CATEGORIES
-from stepscope.analyzers.diagnosis import Diagnosis, diagnose_report, diagnose_run
-from stepscope.analyzers.trace_load import TraceError
-from stepscope.analyzers.trace_report import TraceReport, analyze_trace
+from stepscope.analyzers.report.trace_report import TraceReport, analyze_trace
+from stepscope.analyzers.rules.diagnosis import Diagnosis, diagnose_report, diagnose_run
+from stepscope.analyzers.trace.breakdown import CATEGORIES
+from stepscope.analyzers.trace.load import TraceError
 from stepscope.app.cli import term
 from stepscope.app.cli.analyze_hardware import print_phases, print_roofline
 from stepscope.app.cli.analyze_nodes import nodes_json, print_nodes, run_nodes

@@ -1,7 +1,7 @@
 """`stepscope analyze`'s hardware sections: the phases of the step, roofline and MFU.
 
 Separate from ``analyze.py`` (the tb-profiler and HTA views) because these read the
-issue-14 analyses (``analyzers/phases.py``, ``analyzers/roofline.py``) and say which
+issue-14 analyses (``analyzers/steps/phases.py``, ``analyzers/hardware/roofline.py``) and say which
 peak every ratio is against: a ratio without its denominator's source is not a number
 a user can act on.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from stepscope.analyzers.phases import PHASES, average_phases
-from stepscope.analyzers.trace_report import TraceReport
+from stepscope.analyzers.report.trace_report import TraceReport
+from stepscope.analyzers.steps.phases import PHASES, average_phases
 from stepscope.app.cli import term
 from stepscope.app.cli.term import esc
 from stepscope.app.formats import fmt_pct

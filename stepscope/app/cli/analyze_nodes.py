@@ -12,15 +12,15 @@ from typing import Any
 import pandas as pd
 from rich.console import Console
 
-from stepscope.analyzers.nodes import node_count, ranks_by_node
-from stepscope.analyzers.trace_report import TraceReport
+from stepscope.analyzers.report.trace_report import TraceReport
+from stepscope.analyzers.steps.nodes import node_count, ranks_by_node
 from stepscope.app.cli import term
 from stepscope.app.cli.term import esc
 from stepscope.app.formats import missing
 
 
 def run_nodes(store: Any, run_id: int, report: TraceReport | None) -> pd.DataFrame:
-    """The run's ranks by node (``analyzers.nodes.ranks_by_node``)."""
+    """The run's ranks by node (``analyzers.steps.nodes.ranks_by_node``)."""
     comm = report.communication if report is not None else None
     return ranks_by_node(
         store.ranks(run_id),

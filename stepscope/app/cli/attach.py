@@ -15,8 +15,8 @@ from typing import Any
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from stepscope.analyzers.diagnosis import diagnose_run
-from stepscope.analyzers.stacks import classify_samples, phase_shares, top_sites
+from stepscope.analyzers.rules.diagnosis import diagnose_run
+from stepscope.analyzers.steps.stacks import classify_samples, phase_shares, top_sites
 from stepscope.app.cli import term
 from stepscope.app.cli.findings_output import print_findings
 from stepscope.app.cli.term import esc

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import stepscope
-from stepscope.analyzers.diagnosis import diagnose_run
+from stepscope.analyzers.rules.diagnosis import diagnose_run
 from stepscope.app.cli.dashboard import cmd_dashboard, dashboard_url
 from stepscope.app.cli.optimize import ProgressView, render
 from stepscope.app.cli.term import console as make_console

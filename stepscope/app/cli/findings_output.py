@@ -7,7 +7,7 @@ confidence, evidence, fixes), with the class names every program shares
 
 from __future__ import annotations
 
-from stepscope.analyzers.diagnosis import Diagnosis
+from stepscope.analyzers.rules.diagnosis import Diagnosis
 from stepscope.app.cli import term
 from stepscope.app.cli.term import esc
 from stepscope.app.formats import fmt_pct

@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from stepscope.analyzers.step_stats import summarize_steps
+from stepscope.analyzers.steps.step_stats import summarize_steps
 from stepscope.app.cli import term
 from stepscope.app.cli.findings_output import finding_text
 from stepscope.app.cli.term import esc, print_json, status_text

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from stepscope.analyzers.diagnosis import saved_diagnosis
-from stepscope.analyzers.generation import generation_summary
-from stepscope.analyzers.step_stats import summarize_steps
+from stepscope.analyzers.rules.diagnosis import saved_diagnosis
+from stepscope.analyzers.steps.generation import generation_summary
+from stepscope.analyzers.steps.step_stats import summarize_steps
 from stepscope.app.applied import applied_changes, state, trial_label
 from stepscope.app.cli import term
 from stepscope.app.cli.runs import run_duration
@@ -267,7 +267,7 @@ def _print_latency(console: Any, lat: dict[str, Any] | None) -> None:
     """An inference run: each step is a request or a batch; its latency distribution.
 
     Two columns: the whole iteration (the step, data wait included: the basis of
-    requests/s) and the model call alone (``analyzers/latency.py`` says why both).
+    requests/s) and the model call alone (``analyzers/steps/latency.py`` says why both).
     """
     if lat is None:
         return
@@ -289,7 +289,7 @@ def _print_latency(console: Any, lat: dict[str, Any] | None) -> None:
 
 def _print_generation(console: Any, gen: dict[str, Any] | None, live: bool) -> None:
     """A run that served generation requests: its requests and tokens, the latency
-    distributions per request (``analyzers/generation.py`` says what each holds), the
+    distributions per request (``analyzers/steps/generation.py`` says what each holds), the
     throughput and the prefill / decode / other split of the request time."""
     if gen is None:
         return

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from stepscope.analyzers.diagnosis import LEVEL_TEXT, Diagnosis, diagnose_run
+from stepscope.analyzers.rules.diagnosis import LEVEL_TEXT, Diagnosis, diagnose_run
 from stepscope.app.formats import fmt_pct
 from stepscope.errors import one_line_error
 from stepscope.store import RunStore

@@ -27,10 +27,10 @@ import pandas as pd
 import streamlit as st
 from sqlalchemy.exc import SQLAlchemyError
 
-from stepscope.analyzers.diagnosis import Diagnosis, saved_diagnosis
-from stepscope.analyzers.step_stats import summarize_steps
-from stepscope.analyzers.trace_load import TraceError
-from stepscope.analyzers.trace_report import TraceReport
+from stepscope.analyzers.report.trace_report import TraceReport
+from stepscope.analyzers.rules.diagnosis import Diagnosis, saved_diagnosis
+from stepscope.analyzers.steps.step_stats import summarize_steps
+from stepscope.analyzers.trace.load import TraceError
 from stepscope.store import (
     ExperimentNotFound,
     RunNotFound,

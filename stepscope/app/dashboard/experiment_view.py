@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from stepscope.analyzers.step_stats import summarize_steps
+from stepscope.analyzers.steps.step_stats import summarize_steps
 from stepscope.app.applied import not_applied_text
 from stepscope.app.dashboard import data, ui
 from stepscope.app.dashboard.charts.compare import fix_speedups, step_time_distributions

@@ -9,7 +9,7 @@ import logging
 
 import streamlit as st
 
-from stepscope.analyzers.diagnosis import LEVEL_TEXT, Diagnosis, diagnose_run
+from stepscope.analyzers.rules.diagnosis import LEVEL_TEXT, Diagnosis, diagnose_run
 from stepscope.app.dashboard import data, ui
 from stepscope.app.formats import fmt_pct
 from stepscope.types import Finding, FixAdvice, phase_label

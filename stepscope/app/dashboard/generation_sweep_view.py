@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from stepscope.analyzers.generation import is_generation
+from stepscope.analyzers.steps.generation import is_generation
 from stepscope.app.dashboard import data
 from stepscope.app.dashboard.charts.sweep import generation_curve
 from stepscope.app.dashboard.sweep_button import sweep_button

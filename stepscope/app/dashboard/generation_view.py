@@ -4,7 +4,7 @@ A generation run's steps are its requests (``collectors/generation.py``), so the
 figures above it already count requests; this section adds what only requests have:
 time to first token, time per output token, tokens/s, the per-token latency against the
 position (the KV-cache picture) and the prefill / decode / other split. Every figure is
-``analyzers/generation.py``'s, the same ``stepscope show`` prints, read through a cache
+``analyzers/steps/generation.py``'s, the same ``stepscope show`` prints, read through a cache
 keyed like ``data.run_data`` (the run and its marker), and redrawn every couple of
 seconds while the job runs. Runs without requests get nothing at all.
 """
@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from stepscope.analyzers.generation import (
+from stepscope.analyzers.steps.generation import (
     REQUEST_COLUMNS,
     generation_summary,
     position_profile,

@@ -15,9 +15,9 @@ import sys
 import pandas as pd
 import streamlit as st
 
-from stepscope.analyzers.phases import PHASES
-from stepscope.analyzers.roofline import NO_CALIBRATION, Roofline
-from stepscope.analyzers.trace_report import TraceReport
+from stepscope.analyzers.hardware.roofline import NO_CALIBRATION, Roofline
+from stepscope.analyzers.report.trace_report import TraceReport
+from stepscope.analyzers.steps.phases import PHASES
 from stepscope.app.dashboard.charts.hardware import (
     REST_LABEL,
     mean_shares,

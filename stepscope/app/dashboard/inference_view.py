@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from stepscope.analyzers.latency import is_inference
+from stepscope.analyzers.steps.latency import is_inference
 from stepscope.app.dashboard import data
 from stepscope.app.dashboard.charts.sweep import sweep_curve
 from stepscope.app.dashboard.sweep_button import sweep_button

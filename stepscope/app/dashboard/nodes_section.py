@@ -14,7 +14,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from stepscope.analyzers.nodes import node_count, ranks_by_node
+from stepscope.analyzers.steps.nodes import node_count, ranks_by_node
 from stepscope.app.dashboard import data
 from stepscope.app.dashboard.charts.system import system_timelines
 

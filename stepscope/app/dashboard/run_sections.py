@@ -15,11 +15,11 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from stepscope.analyzers.breakdown import CATEGORIES
-from stepscope.analyzers.generation import is_generation
-from stepscope.analyzers.latency import wall_times
-from stepscope.analyzers.step_stats import timed_steps
-from stepscope.analyzers.trace_report import TraceReport
+from stepscope.analyzers.report.trace_report import TraceReport
+from stepscope.analyzers.steps.generation import is_generation
+from stepscope.analyzers.steps.latency import wall_times
+from stepscope.analyzers.steps.step_stats import timed_steps
+from stepscope.analyzers.trace.breakdown import CATEGORIES
 from stepscope.app.applied import applied_changes, state, trial_label
 from stepscope.app.dashboard import data
 from stepscope.app.dashboard.charts.latency import latency_histogram, latency_over_time
@@ -174,7 +174,7 @@ def step_charts(d: data.RunData, report: TraceReport | None) -> None:
 def latency_section(d: data.RunData) -> None:
     """An inference run (each step one request or batch): its latency percentiles,
     requests/s and samples/s, the latency histogram and latency over the run; nothing for
-    a training run. What a request's latency holds: ``analyzers/latency.py``."""
+    a training run. What a request's latency holds: ``analyzers/steps/latency.py``."""
     lat = d.summary.get("latency")
     if lat is None:
         return

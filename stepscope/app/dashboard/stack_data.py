@@ -12,7 +12,12 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from stepscope.analyzers.stacks import classify_samples, phase_shares, shares_over_time, top_sites
+from stepscope.analyzers.steps.stacks import (
+    classify_samples,
+    phase_shares,
+    shares_over_time,
+    top_sites,
+)
 from stepscope.app.dashboard.data import open_store, plain
 
 

@@ -8,7 +8,7 @@ import time
 import pandas as pd
 import streamlit as st
 
-from stepscope.analyzers.stacks import LABELS
+from stepscope.analyzers.steps.stacks import LABELS
 from stepscope.app.dashboard import data
 from stepscope.app.dashboard.charts import stacks as stack_charts
 from stepscope.app.dashboard.stack_data import StackView

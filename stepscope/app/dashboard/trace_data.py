@@ -14,10 +14,10 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from stepscope.analyzers.memory import memory_curve
-from stepscope.analyzers.timeline import TIMELINE_MAX_EVENTS, step_timeline
-from stepscope.analyzers.trace_load import Trace, load_trace
-from stepscope.analyzers.trace_report import TraceReport, analyze_trace
+from stepscope.analyzers.report.trace_report import TraceReport, analyze_trace
+from stepscope.analyzers.steps.timeline import TIMELINE_MAX_EVENTS, step_timeline
+from stepscope.analyzers.trace.load import Trace, load_trace
+from stepscope.analyzers.trace.memory import memory_curve
 from stepscope.app.dashboard.data import RunData
 from stepscope.store.artifacts import artifact_files
 from stepscope.store.calibration import calibration_path

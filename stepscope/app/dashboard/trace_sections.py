@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from stepscope.analyzers.trace_report import TraceReport
+from stepscope.analyzers.report.trace_report import TraceReport
 from stepscope.app.dashboard import trace_data
 from stepscope.app.dashboard.charts import trace as trace_charts
 from stepscope.app.formats import fmt_bytes, fmt_pct

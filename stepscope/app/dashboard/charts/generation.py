@@ -19,7 +19,7 @@ import plotly.graph_objects as go
 from stepscope.app.dashboard.charts.style import layout, mark_times
 
 REQUEST_COLOR = "#4C78A8"
-# the request's phases (``analyzers/generation.py``), drawn in this order, bottom first
+# the request's phases (``analyzers/steps/generation.py``), drawn in this order, bottom first
 PHASE_COLORS = {"prefill": "#F58518", "decode": "#4C78A8", "other": "#BAB0AC"}
 LATENCY_COLOR = "#4C78A8"
 FORWARD_COLOR = "#E45756"

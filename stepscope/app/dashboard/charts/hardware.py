@@ -2,9 +2,9 @@
 
 Why plain functions: a test checks a figure (its traces, log axes, the roofs' corner at
 the ridge, a colour per phase) without Streamlit. The phases come from a trace
-(``analyzers.phases.step_phases``, ns) or from the step timer's rows (seconds: the
+(``analyzers.steps.phases.step_phases``, ns) or from the step timer's rows (seconds: the
 columns of ``collectors/step_accounting.py``); ``phase_table`` turns either into one
-shape, so one chart draws both. The roofline takes ``analyzers.roofline.Roofline``.
+shape, so one chart draws both. The roofline takes ``analyzers.hardware.roofline.Roofline``.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from stepscope.analyzers.phases import PHASES
-from stepscope.analyzers.roofline import Roofline
+from stepscope.analyzers.hardware.roofline import Roofline
+from stepscope.analyzers.steps.phases import PHASES
 from stepscope.app.dashboard.charts.style import CATEGORY_COLORS, PHASE_COLORS, layout, step_labels
 from stepscope.types import PHASE_LABELS
 

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from stepscope.analyzers.latency import wall_times
+from stepscope.analyzers.steps.latency import wall_times
 from stepscope.app.dashboard.charts.style import layout, mark_times
 
 ITERATION_COLOR = "#4C78A8"

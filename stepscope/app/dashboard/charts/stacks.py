@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from stepscope.analyzers.stacks import CATEGORIES as PHASES
-from stepscope.analyzers.stacks import LABELS as PHASE_LABELS
+from stepscope.analyzers.steps.stacks import CATEGORIES as PHASES
+from stepscope.analyzers.steps.stacks import LABELS as PHASE_LABELS
 from stepscope.app.dashboard.charts.style import PHASE_COLORS, layout
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from stepscope.analyzers.latency import process_keys
+from stepscope.analyzers.steps.latency import process_keys
 from stepscope.app.dashboard.charts.style import CATEGORY_COLORS, layout, mark_times, step_labels
 
 

@@ -26,7 +26,7 @@ CATEGORY_COLORS = {
     "data wait": "#F58518",
     "compute": "#4C78A8",
 }
-#: step phases of the stack samples (analyzers.stacks), coloured like the trace categories
+#: step phases of the stack samples (analyzers.steps.stacks), coloured like the trace categories
 #: they correspond to: data loading as DataLoader, the model's work in blues, syncs red
 PHASE_COLORS = {
     "data_loading": "#F58518",

@@ -1,5 +1,5 @@
 """A profiler capture: the memory curve, and one step's timeline lanes
-(``analyzers.timeline.step_timeline``) as a flame chart."""
+(``analyzers.steps.timeline.step_timeline``) as a flame chart."""
 
 from __future__ import annotations
 

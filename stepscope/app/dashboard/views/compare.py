@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from stepscope.analyzers.breakdown import CATEGORIES
+from stepscope.analyzers.trace.breakdown import CATEGORIES
 from stepscope.app.applied import applied_changes, state
 from stepscope.app.dashboard import compare_pair, data, run_diff, trace_data, ui
 from stepscope.app.dashboard.charts.compare import (

@@ -1,0 +1,263 @@
+"""Load Kineto (PyTorch profiler) traces into columnar arrays.
+
+This module reads and checks the files (one-line ``TraceError``s), puts the ranks in
+order and finds the steps; ``trace.columns`` turns each file's events into columns.
+Every analysis in stepscope works on the ``Trace`` this module returns, never on the
+JSON: the parsed list of event dicts costs ~10x the file size in Python objects, so
+each file's columns are built straight from the parsed list and the list is dropped
+before the next file is read. Peak memory is therefore one file's parsed JSON plus
+the columns of all files, not the parsed JSON of all files.
+
+Times are int64 nanoseconds: Kineto writes microseconds (floats in recent versions,
+sub-microsecond digits in the "ns resolution" variant); ``displayTimeUnit`` only
+affects how a viewer shows them.
+"""
+
+from __future__ import annotations
+
+import gc
+import gzip
+import re
+import zlib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pandas as pd
+from pandas.api.types import union_categoricals
+
+from stepscope.analyzers.trace.columns import complete_events, memory_events, split_events
+
+_STEP_PREFIX = "ProfilerStep#"
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be analysed; the message is one line: '<path>: <problem>'."""
+
+
+@dataclass
+class Trace:
+    """All ranks of one profiled job, as columns (see the module docstring for units)."""
+
+    events: pd.DataFrame
+    memory: pd.DataFrame
+    steps: pd.DataFrame
+    ranks: list[int]
+    meta: dict[int, dict]
+    warnings: list[str] = field(default_factory=list)
+    has_device: bool = False
+
+
+# -- reading -------------------------------------------------------------------------
+
+
+def trace_files(paths: str | Path | Sequence[str | Path]) -> list[Path]:
+    """Expand folders into their *.json / *.json.gz files (sorted, so ranks are stable)."""
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(
+                q for q in p.iterdir() if q.is_file() and q.name.endswith((".json", ".json.gz"))
+            )
+            if not found:
+                raise TraceError(f"{p}: folder holds no *.json or *.json.gz trace")
+            out.extend(found)
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise TraceError(f"{p}: no such file or folder")
+    if not out:
+        raise TraceError("no trace paths given")
+    return out
+
+
+def read_json(path: Path) -> Any:
+    """Decompress into one bytes object and parse it with orjson, with one-line errors.
+
+    Reading the whole file and decompressing in one call is the fastest path and costs
+    the decompressed size once; the bytes are released as soon as orjson is done.
+    """
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (EOFError, OSError, zlib.error) as exc:
+            raise TraceError(f"{path}: truncated or corrupt gzip ({exc})") from None
+    if not data[:4096].strip() and not data.strip():
+        raise TraceError(f"{path}: empty file")
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        # Some Kineto versions write a bare N/A; tb-profiler quotes it and retries, so do we.
+        if b"N/A" in data:
+            try:
+                return orjson.loads(re.sub(rb'(?<!")N/A(?!")', b'"N/A"', data))
+            except orjson.JSONDecodeError:
+                pass
+        problem = "truncated JSON" if _looks_truncated(data, exc) else "not valid JSON"
+        raise TraceError(f"{path}: {problem} ({exc})") from None
+
+
+def _looks_truncated(data: bytes, exc: orjson.JSONDecodeError) -> bool:
+    starts_like_json = data.lstrip()[:1] in (b"{", b"[")
+    return starts_like_json and exc.pos >= len(data.rstrip()) - 1
+
+
+def _event_list(path: Path, doc: Any) -> tuple[list, dict]:
+    if isinstance(doc, dict):
+        events = doc.get("traceEvents")
+        if not isinstance(events, list):
+            raise TraceError(f"{path}: not a Kineto trace (no 'traceEvents' list)")
+        meta = {k: v for k, v in doc.items() if k != "traceEvents"}
+    elif isinstance(doc, list):
+        events, meta = doc, {}
+    else:
+        raise TraceError(f"{path}: not a Kineto trace (JSON {type(doc).__name__})")
+    if not events:
+        raise TraceError(f"{path}: trace has no events")
+    if not all(isinstance(e, dict) for e in events[:100]) or not any(
+        "ph" in e for e in events[:100]
+    ):
+        raise TraceError(f"{path}: not a Kineto trace (events are not trace-event objects)")
+    return events, meta
+
+
+# -- one Trace from the files ----------------------------------------------------------
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while traces are parsed and turned into columns.
+
+    orjson and the column building allocate millions of dicts and tuples; every burst
+    of allocations triggers a collection that walks all live containers, i.e. the whole
+    parsed trace, which on 1 M events makes loading ~3x slower. Nothing built here forms
+    reference cycles, so reference counting frees it all the same.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _steps(events: pd.DataFrame, rank: int) -> pd.DataFrame:
+    """Host-side ProfilerStep#N ranges; GPU-side copies (gpu_user_annotation) are skipped."""
+    names = events["name"]
+    step_codes = [i for i, c in enumerate(names.cat.categories) if str(c).startswith(_STEP_PREFIX)]
+    host = events["cat"].isin(["cpu_op", "user_annotation"]).to_numpy()
+    mask = names.cat.codes.isin(step_codes).to_numpy() & host
+    rows = events.loc[mask, ["name", "ts", "end"]]
+    numbers = []
+    for n in rows["name"].astype(str):
+        tail = n[len(_STEP_PREFIX) :]
+        numbers.append(int(tail) if tail.isdigit() else -1)
+    return pd.DataFrame(
+        {
+            "rank": np.full(len(rows), rank, dtype=np.int16),
+            "step": np.asarray(numbers, dtype=np.int64),
+            "start": rows["ts"].to_numpy(),
+            "end": rows["end"].to_numpy(),
+        }
+    )
+
+
+def _load_one(path: Path, index: int) -> tuple[int, pd.DataFrame, pd.DataFrame, dict]:
+    doc = read_json(path)
+    events, meta = _event_list(path, doc)
+    del doc
+    xs, mem = split_events(events)
+    del events
+    if not xs:
+        raise TraceError(f"{path}: trace has no complete ('X') events")
+    dist = meta.get("distributedInfo")
+    rank = index
+    if isinstance(dist, dict) and isinstance(dist.get("rank"), int):
+        rank = dist["rank"]
+    ev = complete_events(xs, rank)
+    del xs
+    memory = memory_events(mem, rank)
+    info = {
+        "path": str(path),
+        "deviceProperties": meta.get("deviceProperties") or [],
+        "distributedInfo": dist or {},
+        "schemaVersion": meta.get("schemaVersion"),
+        "displayTimeUnit": meta.get("displayTimeUnit"),
+        "baseTimeNanoseconds": meta.get("baseTimeNanoseconds"),
+    }
+    return rank, ev, memory, info
+
+
+def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """Concatenate per-rank frames keeping 'name' categorical (plain concat makes it object)."""
+    if len(frames) == 1:
+        return frames[0]
+    names = union_categoricals([f["name"] for f in frames], ignore_order=True)
+    out = pd.concat([f.drop(columns="name") for f in frames], ignore_index=True)
+    out.insert(out.columns.get_loc("cat") + 1, "name", names)
+    return out
+
+
+def load_trace(paths: str | Path | Sequence[str | Path]) -> Trace:
+    """Load one or more trace files (one per rank) into one ``Trace``.
+
+    A folder stands for every *.json / *.json.gz in it. The rank of a file is its
+    ``distributedInfo.rank``, else its position in the list; two files claiming the
+    same rank fall back to positions, with a warning.
+    """
+    files = trace_files(paths)
+    with _gc_paused():
+        loaded = [_load_one(p, i) for i, p in enumerate(files)]
+    warnings: list[str] = []
+    ranks = [r for r, *_ in loaded]
+    if len(set(ranks)) != len(ranks):
+        warnings.append(
+            "several files claim the same distributedInfo.rank; ranks are file positions"
+        )
+        for i, (_, ev, mem, _info) in enumerate(loaded):
+            ev["rank"] = np.int16(i)
+            mem["rank"] = np.int16(i)
+        loaded = [(i, *rest) for i, (_, *rest) in enumerate(loaded)]
+    loaded.sort(key=lambda t: t[0])
+
+    step_frames = []
+    for rank, ev, _mem, info in loaded:
+        st = _steps(ev, rank)
+        if st.empty:
+            warnings.append(
+                f"{info['path']}: no ProfilerStep# annotations; the whole trace is one window"
+            )
+            st = pd.DataFrame(
+                {
+                    "rank": np.array([rank], dtype=np.int16),
+                    "step": np.array([-1], dtype=np.int64),
+                    "start": np.array([ev["ts"].min()], dtype=np.int64),
+                    "end": np.array([ev["end"].max()], dtype=np.int64),
+                }
+            )
+        step_frames.append(st)
+
+    events = _concat([ev for _, ev, _, _ in loaded])
+    memory = pd.concat([m for _, _, m, _ in loaded], ignore_index=True)
+    steps = pd.concat(step_frames, ignore_index=True)
+    meta = {rank: info for rank, _, _, info in loaded}
+    return Trace(
+        events=events,
+        memory=memory,
+        steps=steps,
+        ranks=[r for r, *_ in loaded],
+        meta=meta,
+        warnings=warnings,
+        has_device=bool(events["on_device"].any()),
+    )
