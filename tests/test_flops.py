@@ -4,24 +4,40 @@ Each test records a small capture of known shapes with the profiler
 (``record_shapes=True``), loads it with stepscope's loader and compares the counts with
 ``torch.utils.flop_counter.FlopCounterMode`` run on the same calls (exact equality for
 matmul, conv and attention), and on the shared ResNet-50 trace with the known count.
+On every shared trace the result is pinned to that of the per-event implementation
+that re-read each file (before the loader kept the op args, ``Trace.op_args``).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from traces import RESNET_NW0, trace_path
+from traces import (
+    A100,
+    ALL,
+    CPU_ONLY,
+    MI250,
+    RANK0,
+    RANK1,
+    RESNET_NW0,
+    RESNET_NW4,
+    V100_NS,
+    trace_path,
+)
 
 from stepscope.analyzers.hardware.flops import (
+    FORMULAS,
     NORM_FLOPS_PER_ELEMENT,
     flops_per_step,
     flops_summary,
     operator_flops,
 )
-from stepscope.analyzers.trace.load import load_trace
+from stepscope.analyzers.trace import flop_ops
+from stepscope.analyzers.trace.load import Trace, load_trace
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -234,3 +250,74 @@ def test_resnet50_conv_flops_per_step() -> None:
     assert (steps.loc[steps["step"] >= 5, "flops"] >= per_step.iloc[0]).all()
     summary = flops_summary(ops)
     assert summary.iloc[0]["name"] == "aten::cudnn_convolution_backward"
+
+
+# -- one parse, same results -------------------------------------------------------------
+
+#: files -> (rows, sum of flops, sum of bytes, skipped events, digest), as the per-event
+#: implementation that re-read each file (stepscope before Trace.op_args) gave them; the
+#: digest covers the whole frame (as CSV: every row, in order) and the skipped counts.
+#: Two files of one distributedInfo.rank are renumbered by position: op args follow.
+PINNED = {
+    (RESNET_NW0,): (7860, 4716726391038, 157410668856, 0, "c41b0910ba11c4cd"),
+    (RESNET_NW4,): (7284, 4716697489662, 156977146680, 0, "cce980a88d4a06ca"),
+    (A100,): (0, 0, 0, 2670, "1fb5796361ea4e13"),
+    (V100_NS,): (0, 0, 0, 4450, "d0dc0a8a06896428"),
+    (RANK0,): (826, 1654253228195, 51817996916, 28, "1437f0a582773949"),
+    (RANK1,): (823, 1722163256474, 53030965876, 26, "655424384fe780cd"),
+    (CPU_ONLY,): (0, 0, 0, 0, "28f95391d216be56"),
+    (MI250,): (10, 345472, 365572, 0, "747e67b2c4e2e0e2"),
+    (RANK0, RANK1): (1649, 3376416484669, 104848962792, 54, "55c17e73856cbd98"),
+    (RANK1, RANK0, RANK1): (2472, 5098579741143, 157879928668, 80, "43ceba09e8e31809"),
+}
+OP_DTYPES = {"rank": "int16", "step": "int64", "tid": "int64", "ts": "int64"}
+OP_DTYPES |= {"dur_ns": "int64", "self_ns": "int64", "flops": "int64", "bytes": "int64"}
+
+
+@pytest.mark.parametrize("names", list(PINNED), ids="+".join)
+def test_every_shared_trace_gives_the_pinned_operators(names: tuple[str, ...]) -> None:
+    ops = operator_flops(load_trace([trace_path(n) for n in names]))
+    skipped = ops.attrs["skipped"]
+    got = (len(ops), int(ops["flops"].sum()), int(ops["bytes"].sum()), sum(skipped.values()))
+    assert got == PINNED[names][:4]
+    text = ops.to_csv(index=False) + repr(sorted(skipped.items()))
+    assert hashlib.sha256(text.encode()).hexdigest()[:16] == PINNED[names][4]
+    if len(ops):  # the empty frame's columns are of dtype object, as they always were
+        assert {c: str(ops[c].dtype) for c in OP_DTYPES} == OP_DTYPES
+        assert all(pd.api.types.is_string_dtype(ops[c]) for c in ("name", "dtype", "basis"))
+
+
+def test_every_shared_trace_is_pinned() -> None:
+    assert {n for names in PINNED for n in names} == set(ALL)
+
+
+def test_the_loader_keeps_the_args_of_exactly_the_operators_with_a_formula() -> None:
+    """trace.load names them (it sits below hardware); FORMULAS gives each a formula."""
+    assert set(FORMULAS) == flop_ops.FLOP_OPERATORS
+    assert all(flop_ops.keeps_op_args(n) for n in FORMULAS)
+    assert flop_ops.keeps_op_args("CudnnConvolutionBackward0")  # the conv's autograd node
+    assert flop_ops.keeps_op_args("ConvolutionBackward0")
+    assert not flop_ops.keeps_op_args("autograd::engine::evaluate_function: ConvolutionBackward0")
+    assert not flop_ops.keeps_op_args("aten::empty") and not flop_ops.keeps_op_args(7)
+
+
+def test_operator_flops_parses_each_file_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    reads: list[Path] = []
+    read_bytes = Path.read_bytes
+
+    def counted(path: Path) -> bytes:
+        reads.append(path)
+        return read_bytes(path)
+
+    monkeypatch.setattr(Path, "read_bytes", counted)
+    paths = [trace_path(RANK0), trace_path(RANK1)]
+    ops = operator_flops(load_trace(paths))
+    assert len(ops) == PINNED[RANK0, RANK1][0]
+    assert sorted(reads) == sorted(paths)
+
+
+def test_a_trace_without_op_args_says_how_to_get_them() -> None:
+    trace = load_trace(trace_path(MI250))
+    bare = Trace(trace.events, trace.memory, trace.steps, trace.ranks, trace.meta)
+    with pytest.raises(ValueError, match="load_trace"):
+        operator_flops(bare)

@@ -8,10 +8,12 @@ import json
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pytest
 from traces import ALL, CPU_ONLY, MI250, RANK0, RANK1, RESNET_NW0, V100_NS, trace_path
 
 from stepscope.analyzers.trace.columns import CATEGORIES
+from stepscope.analyzers.trace.flop_ops import keeps_op_args
 from stepscope.analyzers.trace.load import TraceError, load_trace
 
 EXPECTED_DTYPES = {
@@ -213,3 +215,70 @@ def test_loading_restores_the_garbage_collector(tmp_path: Path) -> None:
     with pytest.raises(TraceError):
         load_trace(_write(tmp_path, "bad.json", b"[1]"))
     assert gc.isenabled()
+
+
+@pytest.mark.parametrize(
+    "names", [(RESNET_NW0,), (RANK0, RANK1), (RANK1, RANK0, RANK1)], ids="+".join
+)
+def test_op_args_are_rows_of_the_events_through_sorting_and_renumbered_ranks(
+    names: tuple[str, ...],
+) -> None:
+    """Each op_args row points at its event (after the (ts, -dur) sort, the concatenation
+    of ranks, and renumbering by position where two files claim one rank), in (rank,
+    file order), for every cpu_op the loader keeps args of and no other event."""
+    tr = load_trace([trace_path(n) for n in names])
+    ev, args = tr.events, tr.op_args
+    assert list(args.columns) == ["row", "name", "args", "seq"]
+    rows = args["row"].to_numpy()
+    assert (ev["name"].astype(str).to_numpy()[rows] == args["name"].to_numpy()).all()
+    assert (ev["cat"].to_numpy()[rows] == "cpu_op").all()
+    kept = (ev["cat"] == "cpu_op").to_numpy() & ev["name"].map(keeps_op_args).to_numpy(bool)
+    assert sorted(rows) == np.flatnonzero(kept).tolist()
+    ranks = ev["rank"].to_numpy()
+    assert (np.diff(ranks[rows]) >= 0).all()
+    for rank in tr.ranks:  # each file's own args, shifted to where its events went
+        alone = load_trace(tr.meta[rank]["path"]).op_args
+        mine = args[ranks[rows] == rank]
+        first_row = np.flatnonzero(ranks == rank)[0]
+        assert (mine["row"].to_numpy() - first_row).tolist() == alone["row"].tolist()
+        assert mine["name"].tolist() == alone["name"].tolist()
+        assert mine["args"].tolist() == alone["args"].tolist()
+
+
+def test_op_args_of_the_old_resnet_trace() -> None:
+    """A tb-profiler era trace: 'Operator' events, shapes but no 'Concrete Inputs'; the
+    conv's autograd node carries the output's gradient shape and the sequence number."""
+    tr = load_trace(trace_path(RESNET_NW0))
+    args = tr.op_args.set_index("name")
+    dims, types, concrete = orjson.loads(args.loc["aten::convolution", "args"].iloc[0])
+    assert dims[:2] == [[32, 3, 224, 224], [64, 3, 7, 7]]
+    assert types[0] == "float" and concrete is None
+    node = args.loc["CudnnConvolutionBackward"]
+    assert len(node) == 318 and node["seq"].map(type).eq(int).all()
+    assert orjson.loads(node["args"].iloc[0])[0][0] == [32, 2048, 7, 7]  # the last conv's
+
+
+def test_op_args_of_irregular_events(tmp_path: Path) -> None:
+    """Null or missing args give None; an op later in the file that starts first gets the
+    first row; names without a formula and other categories are not kept."""
+    events = [
+        _x("aten::add", "cpu_op", 30, 1, **{"Input Dims": [[2], [2]], "Sequence number": 4}),
+        {**_x("aten::mul", "cpu_op", 40, 1), "args": None},
+        _x("aten::mm", "cpu_op", 10, 5, **{"Input Dims": [[1, 2], [2, 3]], "Input type": []}),
+        _x("aten::empty", "cpu_op", 11, 1, **{"Input Dims": [[1]]}),
+        _x("aten::mm", "user_annotation", 12, 1),
+        _x(5, "cpu_op", 13, 1),
+        _x("autograd::engine::evaluate_function: ConvolutionBackward0", "cpu_op", 50, 2),
+        _x("ConvolutionBackward0", "cpu_op", 51, 1, **{"Sequence number": 9}),
+    ]
+    tr = load_trace(_write(tmp_path, "args.json", json.dumps(_kineto(events)).encode()))
+    args = tr.op_args
+    assert args["name"].tolist() == ["aten::add", "aten::mul", "aten::mm", "ConvolutionBackward0"]
+    assert args["row"].tolist() == [4, 5, 0, 7]
+    assert list(map(orjson.loads, args["args"])) == [
+        [[[2], [2]], None, None],
+        [None, None, None],
+        [[[1, 2], [2, 3]], [], None],
+        [None, None, None],
+    ]
+    assert args["seq"].tolist() == [4, None, None, 9]

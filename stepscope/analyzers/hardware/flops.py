@@ -2,10 +2,8 @@
 
 A capture made with ``record_shapes=True`` writes each operator's argument shapes
 ("Input Dims"), dtypes ("Input type") and, since torch 2.1, its scalar and list
-arguments ("Concrete Inputs"). ``Trace.events`` does not keep these args (loading
-stays fast for every other analysis), so ``operator_flops`` re-reads the op events of
-each rank's file with the loader's own reader and conversions: its ``rank, tid, ts,
-name`` are exactly those of the same event in ``Trace.events``.
+arguments ("Concrete Inputs"). The loader keeps these args for the operators that have
+a formula (``Trace.op_args``); their nesting and times come from ``Trace.events``.
 
 Counting each operation once: operators nest (``aten::linear`` -> ``aten::addmm``;
 ``aten::conv2d`` -> ``aten::convolution`` -> ``aten::_convolution`` -> backend op;
@@ -43,19 +41,17 @@ ignoring caches and re-reads. An in-place op reads and writes its self.
 from __future__ import annotations
 
 import ast
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from math import prod
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 import pandas as pd
 
-# The loader's own conversions, so ts/tid match Trace.events exactly.
-from stepscope.analyzers.trace.columns import stable_ids, us_to_ns
-from stepscope.analyzers.trace.load import Trace, read_json
+from stepscope.analyzers.trace import flop_ops, load
 
 #: Bytes per element of each "Input type" torch writes (c10's dtype names); other types
 #: ('Scalar', 'Int', 'GenericList', ...) are not tensors.
@@ -77,7 +73,6 @@ SOFTMAX_FLOPS_PER_ELEMENT = 5
 
 COLUMNS = ["rank", "step", "tid", "name", "ts", "dur_ns", "self_ns"]
 COLUMNS += ["flops", "bytes", "dtype", "basis"]
-_OP_CATS = ("cpu_op", "Operator", "operator")  # current and tb-profiler era names
 
 
 @dataclass
@@ -216,22 +211,6 @@ def _moved(op: OpCall) -> tuple[int, int]:
     return 0, op.read()
 
 
-_words = str.split  # a word list, one per name
-_ELEMENTWISE = _words("""add sub rsub mul div neg abs exp log sqrt rsqrt pow reciprocal relu gelu
-silu sigmoid tanh hardtanh leaky_relu elu clamp clamp_min clamp_max threshold where
-maximum minimum addcmul addcdiv lerp masked_fill sign floor ceil round eq ne lt le gt ge
-threshold_backward gelu_backward silu_backward sigmoid_backward tanh_backward
-hardtanh_backward""")
-_NORMS = _words("""batch_norm native_batch_norm _native_batch_norm_legit cudnn_batch_norm
-_batch_norm_impl_index layer_norm native_layer_norm group_norm native_group_norm
-instance_norm rms_norm _fused_rms_norm""")
-_NORM_BACKWARDS = _words("""native_batch_norm_backward cudnn_batch_norm_backward
-native_layer_norm_backward native_group_norm_backward _fused_rms_norm_backward""")
-_SOFTMAX = ["softmax", "_softmax", "log_softmax", "_log_softmax", "_softmax_backward_data"]
-_SOFTMAX += ["_log_softmax_backward_data"]
-_SDPA = [f"_scaled_dot_product_{k}_attention" for k in ("flash", "efficient", "cudnn")]
-_SDPA += ["_scaled_dot_product_flash_attention_for_cpu"]
-
 #: name -> (basis, formula): the operators that have a FLOP/byte formula.
 FORMULAS: dict[str, tuple[str, Formula]] = {
     "aten::mm": ("mm", _mm),
@@ -246,15 +225,17 @@ FORMULAS: dict[str, tuple[str, Formula]] = {
     "aten::fill_": ("fill", _moved),
     "aten::zero_": ("fill", _moved),
 }
-FORMULAS.update({f"aten::{n}": ("sdpa", _sdpa) for n in _SDPA})
-FORMULAS.update({f"aten::{n}_backward": ("sdpa_backward", _sdpa_backward) for n in _SDPA})
-for _n in _ELEMENTWISE:
+FORMULAS.update({f"aten::{n}": ("sdpa", _sdpa) for n in flop_ops.SDPA_OPS})
+FORMULAS.update(
+    {f"aten::{n}_backward": ("sdpa_backward", _sdpa_backward) for n in flop_ops.SDPA_OPS}
+)
+for _n in flop_ops.ELEMENTWISE_OPS:
     FORMULAS[f"aten::{_n}"] = FORMULAS[f"aten::{_n}_"] = ("elementwise", _elementwise)
-FORMULAS.update({f"aten::{n}": ("norm", _per_element(NORM_FLOPS_PER_ELEMENT)) for n in _NORMS})
-_norm_bwd = _per_element(NORM_BACKWARD_FLOPS_PER_ELEMENT)
-FORMULAS.update({f"aten::{n}": ("norm_backward", _norm_bwd) for n in _NORM_BACKWARDS})
+_norm, _norm_bwd = map(_per_element, (NORM_FLOPS_PER_ELEMENT, NORM_BACKWARD_FLOPS_PER_ELEMENT))
+FORMULAS.update({f"aten::{n}": ("norm", _norm) for n in flop_ops.NORM_OPS})
+FORMULAS.update({f"aten::{n}": ("norm_backward", _norm_bwd) for n in flop_ops.NORM_BACKWARD_OPS})
 _softmax = _per_element(SOFTMAX_FLOPS_PER_ELEMENT)
-FORMULAS.update({f"aten::{n}": ("softmax", _softmax) for n in _SOFTMAX})
+FORMULAS.update({f"aten::{n}": ("softmax", _softmax) for n in flop_ops.SOFTMAX_OPS})
 
 
 def op_flops(op: OpCall) -> tuple[int, int, str] | None:
@@ -273,74 +254,116 @@ def op_flops(op: OpCall) -> tuple[int, int, str] | None:
 # -- the trace -------------------------------------------------------------------------
 
 
-def _op_events(path: Path) -> list[dict]:
-    doc = read_json(path)
-    events = doc.get("traceEvents", []) if isinstance(doc, dict) else doc
-    return [
-        e for e in events if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") in _OP_CATS
-    ]
+def _nesting(ev: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per event row: counted, self time (ns), parent row (-1: none), over cpu_op rows.
+
+    In NumPy: thread by thread in the events' (ts, -dur) order, an op's depth is the
+    number of ops open at its start (a sweep; an end before a later start at the same
+    time, as a stack pops it), its parent the last op one level up; an op with a formula
+    counts iff it starts at or after the end of every earlier one (none encloses it).
+    The old stack walk's results on every shared trace (tests pin them)."""
+    cpu = np.flatnonzero((ev["cat"] == "cpu_op").to_numpy())
+    rows = cpu[np.lexsort([ev[c].to_numpy()[cpu] for c in ("tid", "pid", "rank")])]  # stable
+    cols = ("rank", "pid", "tid", "ts", "dur", "end")
+    rank, pid, tid, ts, dur, end = (ev[c].to_numpy()[rows] for c in cols)
+    m = len(rows)
+    first = np.ones(m, dtype=bool)  # the first op of its thread
+    first[1:] = (rank[1:] != rank[:-1]) | (pid[1:] != pid[:-1]) | (tid[1:] != tid[:-1])
+    thread, k = np.cumsum(first) - 1, np.arange(m, dtype=np.int64)
+    sweep = np.lexsort((np.r_[2 * k, 2 * k + 1], np.r_[ts, end], np.r_[thread, thread]))
+    starts = sweep < m
+    depth = np.zeros(m, dtype=np.int64)
+    depth[sweep[starts]] = np.cumsum(np.where(starts, 1, -1))[starts] - 1
+    level = thread * (int(depth.max(initial=0)) + 2) + depth  # (thread, depth), ordered
+    keys = np.sort(level * m + k)
+    pos = np.searchsorted(keys, (level - 1) * m + k) - 1  # the last one a level up
+    found = keys[np.maximum(pos, 0)]
+    has = (depth > 0) & (pos >= 0) & (found // max(m, 1) == level - 1)
+    parent = found % max(m, 1)
+    kids_ns = np.bincount(parent[has], weights=dur[has], minlength=m)  # exact below 2**53
+    names = ev["name"].cat
+    with_formula = np.append(names.categories.isin(list(FORMULAS)), False)
+    formula = with_formula[names.codes.to_numpy()[rows]]  # code -1 (no name): the False
+    low = np.iinfo(np.int64).min
+    ends = pd.Series(np.where(formula, end, low)).groupby(thread).cummax().to_numpy()
+    before = np.where(first, low, np.roll(ends, 1))  # the latest end of the earlier ones
+    n = len(ev)
+    counted, self_ns, parents = np.zeros(n, bool), np.zeros(n, np.int64), np.full(n, -1)
+    counted[rows] = formula & (ts >= before)
+    self_ns[rows] = np.maximum(dur - kids_ns.astype(np.int64), 0)
+    parents[rows[has]] = rows[parent[has]]
+    return counted, self_ns, parents
 
 
-def _conv_outputs(ops: list[dict]) -> dict[int, list[int]]:
-    """Sequence number -> output shape, from conv autograd nodes (their input is the
-    output's gradient), for traces that recorded no stride/padding."""
-    out: dict[int, list[int]] = {}
-    for e in ops:
-        name, args = e.get("name", ""), e.get("args") or {}
-        if "Convolution" in name and "Backward" in name and not name.startswith("autograd::"):
-            dims, seq = args.get("Input Dims"), args.get("Sequence number")
-            if isinstance(seq, int) and dims and isinstance(dims[0], list) and dims[0]:
-                out[seq] = dims[0]
+def _conv_outputs(args: pd.DataFrame, ranks: np.ndarray) -> dict[tuple[int, int], bytes]:
+    """(rank, sequence number) -> output shape (JSON) from conv autograd nodes, whose
+    input is the output's gradient (the last in file order wins), for old traces."""
+    out: dict[tuple[int, int], bytes] = {}
+    at = np.flatnonzero(~args["name"].isin(list(FORMULAS)).to_numpy())  # autograd nodes
+    nodes = (args[c].take(at) for c in ("name", "args", "seq"))
+    for rank, name, blob, seq in zip(ranks[at].tolist(), *nodes, strict=True):
+        dims = orjson.loads(blob)[0] if flop_ops.is_conv_node(name) else None
+        shape = dims[0] if isinstance(dims, list) and dims else None
+        if isinstance(seq, int) and isinstance(shape, list) and shape:
+            out[rank, seq] = orjson.dumps(shape)
     return out
 
 
-def _rank_rows(path: Path, rank: int, skipped: Counter) -> list[tuple]:
-    ops = _op_events(path)
-    n = len(ops)
-    ts = us_to_ns([e.get("ts", 0) for e in ops])
-    dur = np.maximum(us_to_ns([e.get("dur", 0) for e in ops]), 0)
-    tid = stable_ids([e.get("tid", -1) for e in ops])
-    pid = stable_ids([e.get("pid", -1) for e in ops])
-    order = np.lexsort((-dur, ts, tid, pid)).tolist()
-    covered = [False] * n  # counted, or inside a counted op
-    counted = [False] * n
-    children: dict[int, list[int]] = defaultdict(list)
-    stack: list[int] = []
-    prev_thread = None
-    for i in order:
-        thread = (pid[i], tid[i])
-        if thread != prev_thread:
-            stack, prev_thread = [], thread
-        while stack and ts[stack[-1]] + dur[stack[-1]] <= ts[i]:
-            stack.pop()
-        p = stack[-1] if stack else -1
-        if p >= 0:
-            children[p].append(i)
-        counted[i] = ops[i].get("name") in FORMULAS and not (p >= 0 and covered[p])
-        covered[i] = counted[i] or (p >= 0 and covered[p])
-        stack.append(i)
-    conv_out = _conv_outputs(ops)
-    rows = []
-    for i in np.flatnonzero(counted).tolist():
-        e, args = ops[i], ops[i].get("args") or {}
-        kids = children.get(i, [])
-        call = OpCall(
-            name=e["name"],
-            dims=args.get("Input Dims"),
-            types=args.get("Input type") or [],
-            concrete=args.get("Concrete Inputs"),
-            children=[ops[k].get("name", "") for k in kids],
-            out_dims=conv_out.get(args.get("Sequence number", -1)),
-        )
+def _evaluate(keys: list[tuple]) -> list[tuple | None]:
+    """(flops, bytes, dtype, basis) or None per call key (name, args JSON, output shape
+    JSON, children): the formula runs once per distinct key, as steps repeat calls."""
+    out: dict[tuple, tuple | None] = {}
+    for key in dict.fromkeys(keys):
+        name, blob, shape, kids = key
+        dims, types, concrete = orjson.loads(blob)
+        shape = shape and orjson.loads(shape)
+        call = OpCall(name, dims, types or [], concrete, list(kids or ()), shape)
         got = op_flops(call)
-        if got is None:
-            skipped[call.name] += 1
-            continue
-        self_ns = int(dur[i]) - sum(int(dur[k]) for k in kids)
-        dtype = call.tensors()[0][2]
-        key = (rank, -1, int(tid[i]), call.name, int(ts[i]), int(dur[i]), max(self_ns, 0))
-        rows.append((*key, *got[:2], dtype, got[2]))
-    return rows
+        out[key] = None if got is None else (*got[:2], call.tensors()[0][2], got[2])
+    return list(map(out.__getitem__, keys))
+
+
+def operator_flops(trace: load.Trace) -> pd.DataFrame:
+    """One row per counted CPU operator event: ``rank, step, tid, name, ts, dur_ns,
+    self_ns, flops, bytes, dtype, basis`` (times in ns, as ``Trace.events``).
+
+    From ``Trace.events`` and the args the loader kept (``Trace.op_args``; a Trace
+    without them, not from ``load_trace``, raises ValueError); the counting rules are
+    in the module docstring. A call's key holds the conv's output shape and children
+    only where its formula reads them. ``step`` is -1 outside every ProfilerStep;
+    ``self_ns``: the duration minus the direct child operators'. ``attrs["skipped"]``:
+    the names with a formula but no usable shapes (no ``record_shapes``), and counts.
+    """
+    if trace.op_args is None:
+        raise ValueError("operator_flops needs Trace.op_args: load the trace with load_trace")
+    ev, args = trace.events, trace.op_args
+    counted, self_ns, parents = _nesting(ev)
+    conv_out = _conv_outputs(args, ev["rank"].to_numpy()[args["row"].to_numpy()])
+    args = args[counted[args["row"].to_numpy()]]  # in (rank, file order), as before
+    rows, names = args["row"].to_numpy(), args["name"].tolist()
+    basis = np.array([FORMULAS[n][0] for n in names], dtype=object)
+    kids: dict[int, list[str]] = {r: [] for r in rows[basis == "conv_backward"].tolist()}
+    cats, codes = ev["name"].cat.categories, ev["name"].cat.codes.to_numpy()
+    for i in np.flatnonzero(np.isin(parents, list(kids))).tolist():  # their children
+        kids[int(parents[i])].append(str(cats[codes[i]]))
+    pairs = zip(ev["rank"].to_numpy()[rows].tolist(), args["seq"], basis, strict=True)
+    outs = [conv_out.get((r, s)) if b == "conv" else None for r, s, b in pairs]
+    kid_names = [tuple(kids[r]) if r in kids else None for r in rows.tolist()]
+    got = _evaluate(list(zip(names, args["args"], outs, kid_names, strict=True)))
+    skipped = Counter(name for name, g in zip(names, got, strict=True) if g is None)
+    good = [(name, *g) for name, g in zip(names, got, strict=True) if g is not None]
+    ops = pd.DataFrame([], columns=COLUMNS)  # the empty frame, as it has always been
+    if good:
+        r = rows[[g is not None for g in got]]
+        rank, tid, ts, dur = (ev[c].to_numpy()[r] for c in ("rank", "tid", "ts", "dur"))
+        name, *values = map(list, zip(*good, strict=True))
+        data = [rank, np.int64(-1), tid, name, ts, dur, self_ns[r], *values]
+        ops = pd.DataFrame(dict(zip(COLUMNS, data, strict=True)))
+    ops = ops.astype({"rank": "int16", "flops": "int64", "bytes": "int64"})
+    ops["step"] = _assign_steps(ops, trace.steps)
+    ops = ops.sort_values(["rank", "ts"], ignore_index=True)
+    ops.attrs["skipped"] = dict(skipped)
+    return ops
 
 
 def _assign_steps(ops: pd.DataFrame, steps: pd.DataFrame) -> np.ndarray:
@@ -354,27 +377,6 @@ def _assign_steps(ops: pd.DataFrame, steps: pd.DataFrame) -> np.ndarray:
         ok = (j >= 0) & (ts < st["end"].to_numpy()[np.maximum(j, 0)])
         out[rows[ok]] = st["step"].to_numpy()[j[ok]]
     return out
-
-
-def operator_flops(trace: Trace) -> pd.DataFrame:
-    """One row per counted CPU operator event: ``rank, step, tid, name, ts, dur_ns,
-    self_ns, flops, bytes, dtype, basis`` (times in ns, as ``Trace.events``).
-
-    Reads each rank's file again (see the module docstring for why and for the
-    counting rules); ``step`` is -1 outside every ProfilerStep; ``self_ns`` is the
-    duration minus the direct child operators'. ``.attrs["skipped"]`` maps names
-    with a formula but no usable shapes (e.g. no ``record_shapes``) to their count.
-    """
-    skipped: Counter = Counter()
-    rows = []
-    for rank in trace.ranks:
-        rows.extend(_rank_rows(Path(trace.meta[rank]["path"]), rank, skipped))
-    ops = pd.DataFrame(rows, columns=COLUMNS)
-    ops = ops.astype({"rank": "int16", "flops": "int64", "bytes": "int64"})
-    ops["step"] = _assign_steps(ops, trace.steps)
-    ops = ops.sort_values(["rank", "ts"], ignore_index=True)
-    ops.attrs["skipped"] = dict(skipped)
-    return ops
 
 
 def flops_summary(ops: pd.DataFrame) -> pd.DataFrame:

@@ -37,7 +37,6 @@ so an op on one (a mean's backward) can show more than 100 % of the memory roof.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -51,31 +50,17 @@ from stepscope.analyzers.hardware.device_peaks import (
     peak_from_calibration,
 )
 from stepscope.analyzers.hardware.flops import operator_flops
-from stepscope.analyzers.trace.breakdown import (
-    DEVICE_WORK_CATS,
-    LAUNCH_CATS,
-    adjusted_steps,
-    cat_mask,
-    name_mask,
+from stepscope.analyzers.hardware.op_time import (
+    CLASS_OF_BASIS,
+    TimedOps,
+    device_time,
+    timed_ops,
+    uses_tf32,
 )
+from stepscope.analyzers.trace.breakdown import adjusted_steps
 from stepscope.analyzers.trace.load import Trace
 from stepscope.store.calibration import Calibration
 
-#: flops.py's basis -> the roofline's operator class.
-CLASS_OF_BASIS: dict[str, str] = {
-    "mm": "matmul",
-    "bmm": "matmul",
-    "conv": "conv",
-    "conv_backward": "conv",
-    "sdpa": "attention",
-    "sdpa_backward": "attention",
-    "elementwise": "elementwise",
-    "norm": "normalisation",
-    "norm_backward": "normalisation",
-    "softmax": "normalisation",
-    "copy": "copy",
-    "fill": "copy",
-}
 OP_CLASSES = ("matmul", "conv", "attention", "elementwise", "normalisation", "copy")
 #: Classes held against the matmul roof; the others against the vector fp32 peak.
 MATRIX_CLASSES = ("matmul", "conv", "attention")
@@ -86,8 +71,6 @@ DTYPE_NAMES = {
     "c10::Half": "float16",
     "c10::BFloat16": "bfloat16",
 }
-#: Kernel names of TF32 tensor-core GEMM/conv kernels (cuBLAS/cuDNN/CUTLASS on Ampere+).
-TF32_KERNEL = re.compile(r"tf32|s1688", re.IGNORECASE)
 TOP_OPS = 15
 COLUMNS = ["op_class", "count", "time_ns", "share", "flops", "bytes", "tflops", "gbs"]
 COLUMNS += ["intensity", "roof_tflops", "attainable_tflops", "pct_compute_roof"]
@@ -158,17 +141,15 @@ def choose_peak(trace: Trace, calibration: Calibration | None) -> tuple[DevicePe
         if not props:
             return None, "the trace has device events but no deviceProperties: device unknown"
         return None, f"device {props[0].get('name', '?')!r} is not in the peak table"
+    return cpu_peak(calibration)
+
+
+def cpu_peak(calibration: Calibration | None) -> tuple[DevicePeak | None, str]:
+    """A CPU-only trace's peak: this host's calibration, or why there is none."""
     if calibration is None:
         return None, NO_CALIBRATION
     peak = peak_from_calibration(calibration)
     return peak, f"{peak.name}: {peak.source}"
-
-
-def uses_tf32(trace: Trace) -> bool:
-    """Did TF32 tensor-core kernels run? The one sign of ``allow_tf32`` a trace carries."""
-    ev = trace.events
-    kernel = cat_mask(ev, ("kernel",))
-    return bool(kernel.any() and (name_mask(ev["name"], TF32_KERNEL.search) & kernel).any())
 
 
 def job_dtype(ops: pd.DataFrame) -> str:
@@ -182,50 +163,6 @@ def job_dtype(ops: pd.DataFrame) -> str:
         return "float32"
     raw = str(by.idxmax())
     return DTYPE_NAMES.get(raw, raw)
-
-
-# -- operator time ---------------------------------------------------------------------
-
-
-def device_time(trace: Trace, ops: pd.DataFrame) -> np.ndarray:
-    """Device ns of each counted op: its launches' kernels, copies and sets (see module).
-
-    Counted ops never nest on a thread (flops.py counts the outermost), so each launch
-    falls in at most one of them: a binary search per thread.
-    """
-    out = np.zeros(len(ops), dtype=np.int64)
-    if ops.empty:
-        return out
-    ev = trace.events
-    corr = ev["correlation"].to_numpy()
-    rank = ev["rank"].to_numpy()
-    work = cat_mask(ev, DEVICE_WORK_CATS) & (corr >= 0)
-    w = pd.DataFrame({"rank": rank[work], "corr": corr[work], "dur": ev["dur"].to_numpy()[work]})
-    per_corr = w.groupby(["rank", "corr"])["dur"].sum()
-    launch = cat_mask(ev, LAUNCH_CATS) & (corr >= 0)
-    lf = pd.DataFrame(
-        {
-            "rank": rank[launch],
-            "tid": ev["tid"].to_numpy()[launch],
-            "ts": ev["ts"].to_numpy()[launch],
-            "corr": corr[launch],
-        }
-    )
-    keys = pd.MultiIndex.from_arrays([lf["rank"], lf["corr"]])
-    lf["dev"] = per_corr.reindex(keys).fillna(0).to_numpy(dtype=np.int64)
-    lf = lf[lf["dev"] > 0]
-    o_ts = ops["ts"].to_numpy()
-    o_end = o_ts + ops["dur_ns"].to_numpy()
-    for (r, t), idx in ops.groupby(["rank", "tid"]).indices.items():
-        idx = idx[np.argsort(o_ts[idx], kind="stable")]
-        mine = lf[(lf["rank"] == r) & (lf["tid"] == t)]
-        if mine.empty:
-            continue
-        lts = mine["ts"].to_numpy()
-        j = np.searchsorted(o_ts[idx], lts, side="right") - 1
-        ok = (j >= 0) & (lts < o_end[idx[np.maximum(j, 0)]])
-        np.add.at(out, idx[j[ok]], mine["dev"].to_numpy()[ok])
-    return out
 
 
 # -- the tables ------------------------------------------------------------------------
@@ -308,6 +245,19 @@ def roofline(
         peak, note = choose_peak(trace, calibration)
     else:
         note = f"{peak.name}: {peak.source}"
+    return roofline_of(timed_ops(trace, ops), steps, peak, note, allow_tf32=allow_tf32)
+
+
+def roofline_of(
+    timed: TimedOps,
+    steps: pd.DataFrame,
+    peak: DevicePeak | None,
+    note: str,
+    *,
+    allow_tf32: bool | None = None,
+) -> Roofline:
+    """The roofline from operators already timed (one rank's, or several merged)."""
+    ops = timed.ops
     warnings: list[str] = []
     dtype = job_dtype(ops)
     basis = "shapes" if not ops.empty and (ops["flops"] > 0).any() else _no_flops(ops)
@@ -316,7 +266,7 @@ def roofline(
 
     compute = vector = memory = ridge = None
     if peak is not None:
-        tf32 = uses_tf32(trace) if allow_tf32 is None else allow_tf32
+        tf32 = timed.tf32 if allow_tf32 is None else allow_tf32
         compute = peak.matmul_tflops(dtype, allow_tf32=tf32)
         memory = peak.memory_gbs or None
         if dtype == "float32" and peak.tf32 and compute == peak.fp32:
@@ -336,18 +286,15 @@ def roofline(
         roofs += f", vector {_num(vector)} TFLOP/s, memory {_num(memory)} GB/s"
         note = f"{note}; {roofs}"
 
-    ops = ops.copy()
-    ops["op_class"] = ops["basis"].map(CLASS_OF_BASIS)
-    ops["time_ns"] = device_time(trace, ops) if trace.has_device else ops["dur_ns"]
-    host_only = int((ops["time_ns"] <= 0).sum()) if trace.has_device else 0
-    timed = ops[ops["time_ns"] > 0]
+    host_only = timed.host_only
+    timed_rows = ops[ops["time_ns"] > 0]
     roof = {c: (compute if c in MATRIX_CLASSES else vector) for c in OP_CLASSES}
-    classes = _table(timed, "op_class", roof, memory)
-    top = _table(timed, "name", roof, memory).head(TOP_OPS)
+    classes = _table(timed_rows, "op_class", roof, memory)
+    top = _table(timed_rows, "name", roof, memory).head(TOP_OPS)
     # model FLOPs: on a GPU trace those of the device's work, not of host-side ops
     # (a DataLoader's transforms on CPU tensors run inside the step too)
     counted = basis == "shapes"
-    step_table = _steps(timed if trace.has_device else ops, steps, compute, counted)
+    step_table = _steps(timed_rows if timed.has_device else ops, steps, compute, counted)
     mfu = None
     total_ns = float(step_table["duration_ns"].sum())
     if compute and total_ns > 0 and counted:
@@ -392,8 +339,10 @@ __all__ = [
     "OP_CLASSES",
     "Roofline",
     "choose_peak",
+    "cpu_peak",
     "device_time",
     "job_dtype",
     "roofline",
+    "roofline_of",
     "uses_tf32",
 ]

@@ -1,4 +1,4 @@
-"""One call from trace files to every trace analysis: ``analyze_trace(paths)``.
+"""One call from trace files to every trace analysis: ``analyze_trace(paths)``, and its report.
 
 The CLI and the dashboard both show this report, so it is computed in one place, and
 ``to_json`` is the stable, documented shape that scripts (and ``stepscope analyze
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,28 +18,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stepscope.analyzers.hardware.flops import operator_flops
-from stepscope.analyzers.hardware.gpu_metrics import gpu_metrics
-from stepscope.analyzers.hardware.roofline import Roofline, job_dtype, roofline
-from stepscope.analyzers.steps.phases import phase_shares, step_phases
-from stepscope.analyzers.trace.breakdown import (
-    CATEGORIES,
-    adjusted_steps,
-    average_breakdown,
-    breakdown_shares,
-    step_breakdown,
-)
-from stepscope.analyzers.trace.communication import communication_summary
-from stepscope.analyzers.trace.hta_rules import hta_device_events
-from stepscope.analyzers.trace.idle_time import idle_time_breakdown
-from stepscope.analyzers.trace.kernels import class_summary, device_work, top_kernels, top_ops
-from stepscope.analyzers.trace.load import Trace, load_trace
-from stepscope.analyzers.trace.memory import memory_summary
-from stepscope.analyzers.trace.syncs import host_device_syncs
-from stepscope.analyzers.trace.temporal import temporal_breakdown
-from stepscope.store.calibration import cached_calibration
-
-ALL_OPS = 100_000
+from stepscope.analyzers.hardware.roofline import Roofline
+from stepscope.analyzers.report.merge import merge_parts
+from stepscope.analyzers.report.ranks import Progress, map_ranks
+from stepscope.analyzers.trace.load import trace_files
 
 
 @dataclass
@@ -132,135 +114,31 @@ def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
     return [_plain(r) for r in df.to_dict(orient="records")]
 
 
-def _section(
-    name: str, fn: Callable[[Trace], Any], trace: Trace, warnings: list[str], timings: dict
-) -> Any:
-    t0 = time.perf_counter()
-    try:
-        return fn(trace)
-    except Exception as exc:  # one analysis must not take the whole report down
-        warnings.append(f"{name}: analysis failed ({type(exc).__name__}: {exc})")
-        return None
-    finally:
-        timings[name] = time.perf_counter() - t0
-
-
-def _roofline(trace: Trace, steps: pd.DataFrame, calibration_home: str | Path | None) -> Roofline:
-    """The roofline against the device's table row, or, for a CPU-only trace, against
-    this host's calibration at the job's dtype (from ``calibration_home``)."""
-    ops = operator_flops(trace)
-    calibration = None
-    if calibration_home is not None and not trace.has_device:
-        calibration = cached_calibration(calibration_home, job_dtype(ops))
-    return roofline(trace, ops, steps=steps, calibration=calibration)
-
-
 def analyze_trace(
-    paths: str | Path | Sequence[str | Path], calibration_home: str | Path | None = None
+    paths: str | Path | Sequence[str | Path],
+    calibration_home: str | Path | None = None,
+    *,
+    workers: int | None = None,
+    ray_address: str | None = None,
+    progress: Progress | None = None,
 ) -> TraceReport:
     """Load the trace(s) and run every analysis. Raises TraceError for unreadable input.
 
-    ``calibration_home``: the stepscope home whose ``stepscope calibrate`` results give a
-    CPU-only trace its roofs (None: no CPU roofs; a GPU trace uses the peak table).
+    Each file (one per rank) is analysed on its own, side by side (``report.ranks``:
+    ``workers`` local processes, default one per core and at most one per file, 1 for
+    this process; ``ray_address``: a Ray cluster's tasks instead), and the ranks' parts
+    are merged (``report.merge``). ``calibration_home``: the stepscope home whose
+    ``stepscope calibrate`` results give a CPU-only trace its roofs (None: no CPU roofs;
+    a GPU trace uses the peak table). ``progress(done, total)``: after each rank.
     """
-    timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    trace = load_trace(paths)
-    timings["load"] = time.perf_counter() - t0
-    warnings = list(trace.warnings)
-
-    t0 = time.perf_counter()
-    steps = adjusted_steps(trace)
-    per_step = step_breakdown(trace, steps)
-    timings["breakdown"] = time.perf_counter() - t0
-    if len(per_step) < int((trace.steps["step"] >= 0).sum()):
-        warnings.append(
-            "breakdown: trailing step(s) dropped: they launched < 80 % of the device work "
-            "of the step before (the profiler stopped before their kernels ran), as tb-profiler does"
-        )
-
-    gpu = _section("gpu", lambda t: gpu_metrics(t, steps), trace, warnings, timings)
-    phases = _section("phases", lambda t: step_phases(t, steps), trace, warnings, timings)
-    t0 = time.perf_counter()
-    work = device_work(trace)
-    kernels_top = top_kernels(trace, n=50, work=work)
-    kernel_classes = class_summary(trace, work=work)
-    del work
-    timings["kernels"] = time.perf_counter() - t0
-    # every operator (not only the top ones): the diagnosis classifies all CPU time
-    ops = _section("ops", lambda t: top_ops(t, n=ALL_OPS), trace, warnings, timings)
-    syncs = _section("syncs", host_device_syncs, trace, warnings, timings)
-    # The three HTA analyses select the same device events: build them once, in the
-    # first section that needs them. If that fails, each section retries and fails
-    # on its own, with its own warning, as when they were separate.
-    shared: dict[str, pd.DataFrame] = {}
-
-    def hta_dev(t: Trace) -> pd.DataFrame:
-        if "dev" not in shared:
-            shared["dev"] = hta_device_events(t.events)
-        return shared["dev"]
-
-    idle = _section(
-        "idle_time", lambda t: idle_time_breakdown(t, dev=hta_dev(t)), trace, warnings, timings
-    )
-    temporal = _section(
-        "temporal", lambda t: temporal_breakdown(t, dev=hta_dev(t)), trace, warnings, timings
-    )
-    comm = _section(
-        "communication",
-        lambda t: communication_summary(t, dev=hta_dev(t)),
-        trace,
-        warnings,
-        timings,
-    )
-    memory = _section("memory", memory_summary, trace, warnings, timings)
-    roof = _section(
-        "roofline", lambda t: _roofline(t, steps, calibration_home), trace, warnings, timings
-    )
-
-    ev = trace.events
-    summary = {
-        "ranks": trace.ranks,
-        "events": len(ev),
-        "device_events": int(ev["on_device"].sum()),
-        "memory_events": len(trace.memory),
-        "has_device": trace.has_device,
-        "steps": len(per_step),
-        "step_numbers": per_step["step"].tolist(),
-        "mean_step_ns": float(per_step["duration"].mean()) if len(per_step) else 0.0,
-        "trace_span_ns": int(ev["end"].max() - ev["ts"].min()) if len(ev) else 0,
-        "device_properties": [
-            {k: v for k, v in p.items() if isinstance(v, (int, float, str))}
-            for m in trace.meta.values()
-            for p in m.get("deviceProperties") or []
-            if isinstance(p, dict)
-        ],
-        "devices": {
-            int(r): [p.get("name") for p in m.get("deviceProperties") or [] if isinstance(p, dict)]
-            for r, m in trace.meta.items()
-        },
-    }
-    return TraceReport(
-        paths=[m["path"] for m in trace.meta.values()],
-        summary=summary,
-        per_step=per_step,
-        breakdown_avg=average_breakdown(per_step),
-        breakdown=breakdown_shares(per_step),
-        gpu=gpu if gpu is not None else pd.DataFrame(),
-        kernels_top=kernels_top,
-        kernel_classes=kernel_classes,
-        ops_top=ops if ops is not None else pd.DataFrame(),
-        idle_time=idle,
-        syncs=syncs,
-        temporal=temporal,
-        communication=comm,
-        memory=memory,
-        warnings=warnings,
-        timings=timings,
-        phases=phases,
-        phase_shares=phase_shares(phases) if phases is not None and len(phases) else {},
-        roofline=roof,
-    )
+    files = trace_files(paths)
+    parts, warnings = map_ranks([str(f) for f in files], workers, ray_address, progress)
+    ranks_s = time.perf_counter() - t0
+    fields = merge_parts(parts, calibration_home, warnings)
+    fields["timings"]["ranks_wall"] = ranks_s
+    fields["timings"]["merge"] = time.perf_counter() - t0 - ranks_s
+    return TraceReport(**fields)
 
 
-__all__ = ["CATEGORIES", "TraceReport", "analyze_trace"]
+__all__ = ["TraceReport", "analyze_trace"]

@@ -30,7 +30,7 @@ from stepscope.analyzers.trace.hta_rules import (
 )
 from stepscope.analyzers.trace.temporal import cpu_comm_mask
 
-__all__ = ["communication_summary"]
+__all__ = ["combine_communication", "communication_parts", "communication_summary"]
 
 
 def _comm_and_compute(trace) -> dict[int, dict]:
@@ -133,34 +133,42 @@ def _skew(per_rank: pd.DataFrame) -> pd.DataFrame | None:
     return out
 
 
-def communication_summary(trace, dev: pd.DataFrame | None = None) -> dict:
-    """Communication share, overlap with compute, per-rank times and skew.
-
-    Returns a dict with ``share`` (0..1 of step time, all ranks), ``overlap`` (0..1,
-    None without communication), ``overlap_by_rank``, ``comm_ns``, ``step_ns``,
-    ``basis`` (per rank: "device" or "cpu"), ``per_rank`` (DataFrame per rank and step:
-    step_ns, comm_ns, share, wait_ns, is_straggler) and ``skew`` (DataFrame per step
-    with the straggler, or None with a single rank). ``dev`` is
-    ``hta_device_events(trace.events)`` when the caller already has it.
-    """
+def communication_parts(trace, dev: pd.DataFrame | None = None) -> dict:
+    """What each rank contributes on its own: its collective time per step, its
+    (overlap ns, comm ns) and basis. ``combine_communication`` does the cross-rank part,
+    so ranks analysed in separate processes merge into the same summary."""
     parts = _comm_and_compute(trace)
-    per_rank = _per_step(trace, parts)
-    comm_ns = int(per_rank["comm_ns"].sum())
-    step_ns = int(per_rank["step_ns"].sum())
-
-    overlap_by_rank: dict[int, float | None] = {}
-    over_ns = total_comm = 0
     hta = _hta_overlap(trace, dev)
+    overlap: dict[int, tuple[int, int]] = {}
     for rank, p in parts.items():
         if p["basis"] == "device":
-            o, c = hta.get(rank, (0, 0))
+            overlap[rank] = hta.get(rank, (0, 0))
         else:
             comm = intervals.merge(*p["comm"])
             both = intervals.intersect(comm, intervals.merge(*p["compute"]))
-            o, c = int((both[1] - both[0]).sum()), int((comm[1] - comm[0]).sum())
-        overlap_by_rank[rank] = o / c if c else None
-        over_ns += o
-        total_comm += c
+            overlap[rank] = (int((both[1] - both[0]).sum()), int((comm[1] - comm[0]).sum()))
+    return {
+        "per_rank": _per_step(trace, parts),
+        "overlap": overlap,
+        "basis": {r: p["basis"] for r, p in parts.items()},
+    }
+
+
+def combine_communication(pieces: list[dict]) -> dict:
+    """The summary of several ranks' ``communication_parts`` (see communication_summary)."""
+    frames = [p["per_rank"] for p in pieces]
+    per_rank = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+    comm_ns = int(per_rank["comm_ns"].sum())
+    step_ns = int(per_rank["step_ns"].sum())
+    overlap_by_rank: dict[int, float | None] = {}
+    over_ns = total_comm = 0
+    basis: dict[int, str] = {}
+    for piece in pieces:
+        basis.update(piece["basis"])
+        for rank, (o, c) in piece["overlap"].items():
+            overlap_by_rank[rank] = o / c if c else None
+            over_ns += o
+            total_comm += c
 
     skew = _skew(per_rank)
     per_rank["wait_ns"] = per_rank["comm_ns"] - per_rank.groupby("step")["comm_ns"].transform("min")
@@ -176,7 +184,20 @@ def communication_summary(trace, dev: pd.DataFrame | None = None) -> dict:
         "overlap_by_rank": overlap_by_rank,
         "comm_ns": comm_ns,
         "step_ns": step_ns,
-        "basis": {r: p["basis"] for r, p in parts.items()},
+        "basis": basis,
         "per_rank": per_rank,
         "skew": skew,
     }
+
+
+def communication_summary(trace, dev: pd.DataFrame | None = None) -> dict:
+    """Communication share, overlap with compute, per-rank times and skew.
+
+    Returns a dict with ``share`` (0..1 of step time, all ranks), ``overlap`` (0..1,
+    None without communication), ``overlap_by_rank``, ``comm_ns``, ``step_ns``,
+    ``basis`` (per rank: "device" or "cpu"), ``per_rank`` (DataFrame per rank and step:
+    step_ns, comm_ns, share, wait_ns, is_straggler) and ``skew`` (DataFrame per step
+    with the straggler, or None with a single rank). ``dev`` is
+    ``hta_device_events(trace.events)`` when the caller already has it.
+    """
+    return combine_communication([communication_parts(trace, dev)])

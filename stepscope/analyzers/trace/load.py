@@ -11,6 +11,10 @@ the columns of all files, not the parsed JSON of all files.
 Times are int64 nanoseconds: Kineto writes microseconds (floats in recent versions,
 sub-microsecond digits in the "ns resolution" variant); ``displayTimeUnit`` only
 affects how a viewer shows them.
+
+``Trace.op_args`` keeps, from the same single parse, the args that the FLOP counting
+(``hardware.flops``) reads, for only the operators it reads them from: a few thousand
+rows, so no analysis has to parse a file twice and loading stays as fast.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ import pandas as pd
 from pandas.api.types import union_categoricals
 
 from stepscope.analyzers.trace.columns import complete_events, memory_events, split_events
+from stepscope.analyzers.trace.flop_ops import keeps_op_args
+from stepscope.store.artifacts import s3_error, s3_filesystem
 
 _STEP_PREFIX = "ProfilerStep#"
 
@@ -50,17 +56,31 @@ class Trace:
     meta: dict[int, dict]
     warnings: list[str] = field(default_factory=list)
     has_device: bool = False
+    #: The args of the operators ``keeps_op_args`` names, one row per event, in file
+    #: order per rank: ``row`` (its row in ``events``), ``name``, ``args`` (the JSON bytes
+    #: of ["Input Dims", "Input type", "Concrete Inputs"], null where absent) and ``seq``
+    #: ("Sequence number" or None). None for a Trace not built by load_trace.
+    op_args: pd.DataFrame | None = None
 
 
 # -- reading -------------------------------------------------------------------------
 
 
-def trace_files(paths: str | Path | Sequence[str | Path]) -> list[Path]:
-    """Expand folders into their *.json / *.json.gz files (sorted, so ranks are stable)."""
+def trace_files(paths: str | Path | Sequence[str | Path]) -> list[Path | str]:
+    """Expand folders into their *.json / *.json.gz files (sorted, so ranks are stable).
+
+    An ``s3://bucket/key`` string stays one source, read where it is analysed (a Ray
+    task reads its own rank); ``s3://bucket/prefix/`` (a trailing /) stands for the
+    traces directly under it.
+    """
     if isinstance(paths, (str, Path)):
         paths = [paths]
-    out: list[Path] = []
-    for p in map(Path, paths):
+    out: list[Path | str] = []
+    for raw in paths:
+        if isinstance(raw, str) and is_s3(raw):
+            out.extend(_s3_traces(raw) if raw.endswith("/") else [raw])
+            continue
+        p = Path(raw)
         if p.is_dir():
             found = sorted(
                 q for q in p.iterdir() if q.is_file() and q.name.endswith((".json", ".json.gz"))
@@ -77,16 +97,51 @@ def trace_files(paths: str | Path | Sequence[str | Path]) -> list[Path]:
     return out
 
 
-def read_json(path: Path) -> Any:
+def is_s3(source: str | Path) -> bool:
+    """Whether a trace source is an object in S3 (only a string can be: a Path folds //)."""
+    return isinstance(source, str) and source.startswith("s3://")
+
+
+def _s3_failure(uri: str, exc: BaseException) -> TraceError:
+    """One line naming the URI, in store/artifacts.py's words (object missing, ...)."""
+    text = str(s3_error(uri, exc))
+    return TraceError(text if text.startswith(uri) else f"{uri}: {text}")
+
+
+def _s3_traces(prefix: str) -> list[str]:
+    try:
+        names = s3_filesystem().ls(prefix, detail=False)
+    except Exception as exc:
+        error = _s3_failure(prefix, exc)
+        if not str(error).endswith(": object missing"):
+            raise error from None
+        names = []  # S3 has no folders: nothing under the prefix
+    found = sorted(f"s3://{n}" for n in names if n.endswith((".json", ".json.gz")))
+    if not found:
+        raise TraceError(f"{prefix}: holds no *.json or *.json.gz trace")
+    return found
+
+
+def read_bytes(source: Path | str) -> bytes:
+    """A local file's or an ``s3://bucket/key`` object's bytes, with one-line errors."""
+    if is_s3(source):
+        try:
+            return s3_filesystem().cat_file(source)
+        except Exception as exc:
+            raise _s3_failure(str(source), exc) from None
+    try:
+        return Path(source).read_bytes()
+    except OSError as exc:
+        raise TraceError(f"{source}: cannot read ({exc.strerror or exc})") from None
+
+
+def read_json(path: Path | str) -> Any:
     """Decompress into one bytes object and parse it with orjson, with one-line errors.
 
     Reading the whole file and decompressing in one call is the fastest path and costs
     the decompressed size once; the bytes are released as soon as orjson is done.
     """
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    data = read_bytes(path)
     if data[:2] == b"\x1f\x8b":
         try:
             data = gzip.decompress(data)
@@ -173,7 +228,7 @@ def _steps(events: pd.DataFrame, rank: int) -> pd.DataFrame:
     )
 
 
-def _load_one(path: Path, index: int) -> tuple[int, pd.DataFrame, pd.DataFrame, dict]:
+def _load_one(path: Path, index: int) -> tuple[int, pd.DataFrame, pd.DataFrame, pd.DataFrame, dict]:
     doc = read_json(path)
     events, meta = _event_list(path, doc)
     del doc
@@ -185,7 +240,7 @@ def _load_one(path: Path, index: int) -> tuple[int, pd.DataFrame, pd.DataFrame, 
     rank = index
     if isinstance(dist, dict) and isinstance(dist.get("rank"), int):
         rank = dist["rank"]
-    ev = complete_events(xs, rank)
+    ev, op_args = complete_events(xs, rank, keeps_op_args)
     del xs
     memory = memory_events(mem, rank)
     info = {
@@ -196,7 +251,7 @@ def _load_one(path: Path, index: int) -> tuple[int, pd.DataFrame, pd.DataFrame, 
         "displayTimeUnit": meta.get("displayTimeUnit"),
         "baseTimeNanoseconds": meta.get("baseTimeNanoseconds"),
     }
-    return rank, ev, memory, info
+    return rank, ev, memory, op_args, info
 
 
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
@@ -207,6 +262,18 @@ def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
     out = pd.concat([f.drop(columns="name") for f in frames], ignore_index=True)
     out.insert(out.columns.get_loc("cat") + 1, "name", names)
     return out
+
+
+def _concat_op_args(frames: list[tuple[pd.DataFrame, pd.DataFrame]]) -> pd.DataFrame:
+    """Each rank's op args with ``row`` shifted to its rank's rows in the concatenated
+    events (ranks are concatenated in the same order as the events)."""
+    out, offset = [], 0
+    for ev, args in frames:
+        out.append(args.assign(row=args["row"].to_numpy() + offset) if offset else args)
+        offset += len(ev)
+    if len(out) == 1:
+        return out[0]
+    return pd.concat(out, ignore_index=True).astype({"row": np.int64})
 
 
 def load_trace(paths: str | Path | Sequence[str | Path]) -> Trace:
@@ -225,14 +292,14 @@ def load_trace(paths: str | Path | Sequence[str | Path]) -> Trace:
         warnings.append(
             "several files claim the same distributedInfo.rank; ranks are file positions"
         )
-        for i, (_, ev, mem, _info) in enumerate(loaded):
+        for i, (_, ev, mem, *_rest) in enumerate(loaded):
             ev["rank"] = np.int16(i)
             mem["rank"] = np.int16(i)
         loaded = [(i, *rest) for i, (_, *rest) in enumerate(loaded)]
     loaded.sort(key=lambda t: t[0])
 
     step_frames = []
-    for rank, ev, _mem, info in loaded:
+    for rank, ev, _mem, _args, info in loaded:
         st = _steps(ev, rank)
         if st.empty:
             warnings.append(
@@ -248,10 +315,10 @@ def load_trace(paths: str | Path | Sequence[str | Path]) -> Trace:
             )
         step_frames.append(st)
 
-    events = _concat([ev for _, ev, _, _ in loaded])
-    memory = pd.concat([m for _, _, m, _ in loaded], ignore_index=True)
+    events = _concat([ev for _, ev, *_ in loaded])
+    memory = pd.concat([m for _, _, m, *_ in loaded], ignore_index=True)
     steps = pd.concat(step_frames, ignore_index=True)
-    meta = {rank: info for rank, _, _, info in loaded}
+    meta = {rank: info for rank, *_, info in loaded}
     return Trace(
         events=events,
         memory=memory,
@@ -260,4 +327,5 @@ def load_trace(paths: str | Path | Sequence[str | Path]) -> Trace:
         meta=meta,
         warnings=warnings,
         has_device=bool(events["on_device"].any()),
+        op_args=_concat_op_args([(ev, a) for _, ev, _, a, _ in loaded]),
     )

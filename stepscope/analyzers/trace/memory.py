@@ -78,8 +78,11 @@ def _capacity(trace, rank: int, device_id: int) -> int | None:
     return None
 
 
-def memory_summary(trace) -> dict[str, dict]:
+def memory_summary(trace, rank_labels: bool | None = None) -> dict[str, dict]:
     """Per device (``cpu``, ``cuda:0``; ``rank1/cuda:0`` with several ranks): peaks in bytes.
+
+    ``rank_labels``: prefix each device with its rank (None: when the trace has several
+    ranks; True for one rank of a multi-rank job analysed on its own).
 
     Each entry: peak_allocated_bytes, peak_reserved_bytes (0 where the allocator does
     not report it, e.g. CPU), events, and for devices with known capacity
@@ -97,7 +100,7 @@ def memory_summary(trace) -> dict[str, dict]:
     rank = mem["rank"].to_numpy()
     dev_type = mem["device_type"].to_numpy()
     dev_id = mem["device_id"].to_numpy()
-    multi = len(trace.ranks) > 1
+    multi = len(trace.ranks) > 1 if rank_labels is None else rank_labels
     # label of each distinct (rank, type, id), then one group per distinct label
     combo = np.zeros(rank.size, dtype=np.int64)
     for col in (rank, dev_type, dev_id) if multi else (dev_type, dev_id):

@@ -1,24 +1,33 @@
-"""`stepscope analyze PATH... [--json] [--top N]`: the trace report on the terminal.
+"""`stepscope analyze PATH... [--json] [--top N] [--workers N] [--ray ADDRESS]`: the
+trace report on the terminal.
 
-A PATH is a trace file, a folder of traces, or a run of the store (id, name, 'last')
-whose trace artifacts are analysed. Bad input ends with one line on stderr naming
-the file and the problem, exit code 1, never a traceback: users point this at
+A PATH is a trace file, a folder of traces, an ``s3://`` object (or ``s3://.../`` prefix),
+or a run of the store (id, name, 'last') whose trace artifacts are analysed. The ranks
+are analysed side by side (``--workers``), or as tasks of a Ray cluster (``--ray``), where
+a run's traces in S3 go to the tasks as their URIs: each task reads its own rank from the
+object store, nothing passes through this process. Bad input ends with one line on stderr
+naming the file and the problem, exit code 1, never a traceback: users point this at
 whatever file they have.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import orjson
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
+from stepscope.analyzers.report.ray_pool import RayPoolError
 from stepscope.analyzers.report.trace_report import TraceReport, analyze_trace
 from stepscope.analyzers.rules.diagnosis import Diagnosis, diagnose_report, diagnose_run
 from stepscope.analyzers.trace.breakdown import CATEGORIES
-from stepscope.analyzers.trace.load import TraceError
+from stepscope.analyzers.trace.load import TraceError, is_s3
 from stepscope.app.cli import term
 from stepscope.app.cli.analyze_hardware import print_phases, print_roofline
 from stepscope.app.cli.analyze_nodes import nodes_json, print_nodes, run_nodes
@@ -26,7 +35,7 @@ from stepscope.app.cli.findings_output import print_findings
 from stepscope.app.cli.term import esc
 from stepscope.app.formats import fmt_pct
 from stepscope.store import RunNotFound, RunStore, StoreError
-from stepscope.store.artifacts import ArtifactError, kind_files
+from stepscope.store.artifacts import ArtifactError, kind_files, local_copy
 from stepscope.store.store import default_home
 
 
@@ -34,17 +43,23 @@ class _InputError(Exception):
     """A PATH that is neither a file/folder nor a run with traces (message: one line)."""
 
 
-def resolve_paths(paths: Sequence[str]) -> tuple[list[Path], list[int]]:
-    """Files/folders stay as they are; anything else is looked up as a run of the store.
+def resolve_paths(paths: Sequence[str], remote: bool = False) -> tuple[list[Path | str], list[int]]:
+    """Files/folders and ``s3://`` URIs stay as they are; anything else is looked up as a
+    run of the store.
 
-    Returns the trace files and the run ids named (a run brings its trace artifacts).
+    Returns the trace sources and the run ids named (a run brings its trace artifacts).
+    ``remote``: a Ray cluster reads them, so a path is made absolute and a run's artifact
+    in S3 stays its URI (the client makes no local copy).
     """
-    out: list[Path] = []
+    out: list[Path | str] = []
     runs: list[int] = []
     for p in paths:
+        if is_s3(p):
+            out.append(p)
+            continue
         path = Path(p).expanduser()
-        if path.exists():
-            out.append(path)
+        if path.exists():  # absolute for a cluster: its tasks run in other folders
+            out.append(path.resolve() if remote else path)
             continue
         try:
             with RunStore() as store:
@@ -54,21 +69,65 @@ def resolve_paths(paths: Sequence[str]) -> tuple[list[Path], list[int]]:
             raise _InputError(f"{p}: no such file, folder or run") from None
         runs.append(run_id)
         try:  # an uploaded trace is read from the artifact cache (store/artifacts.py)
-            out.extend(kind_files(arts, default_home(), "trace"))
+            out.extend(_remote_traces(arts) if remote else kind_files(arts, default_home()))
         except ArtifactError as exc:
             raise _InputError(str(exc)) from None
     return out, runs
 
 
+def _remote_traces(arts: Any) -> list[Path | str]:
+    """A run's traces for Ray tasks, in the store's order: an object in S3 as its URI
+    (the task downloads its own rank), any other as its local file."""
+    if arts is None or len(arts) == 0:
+        return []
+    out: list[Path | str] = []
+    for row in arts[arts["kind"] == "trace"].itertuples():
+        path = str(row.path)
+        local = (getattr(row, "meta", None) or {}).get("local_path")
+        out.append(path if is_s3(path) else local_copy(path, default_home(), local))
+    return out
+
+
+@contextlib.contextmanager
+def _rank_progress() -> Iterator[Callable[[int, int], None] | None]:
+    """A bar on a terminal's stderr while the ranks of a multi-rank job are analysed
+    (gone when done); nothing for one trace, a pipe or a file."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    columns = (TextColumn("analysing ranks"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("ranks", total=None, visible=False)
+
+        def tick(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total, visible=total > 1)
+
+        yield tick
+
+
 def cmd_analyze(
-    paths: Sequence[str], as_json: bool = False, top: int = 10, save: bool = True
+    paths: Sequence[str],
+    as_json: bool = False,
+    top: int = 10,
+    save: bool = True,
+    workers: int | None = None,
+    ray_address: str | None = None,
 ) -> int:
     try:
-        files, runs = resolve_paths(paths)
+        files, runs = resolve_paths(paths, remote=bool(ray_address))
         if not files and not runs:
             raise _InputError(f"{', '.join(paths)}: nothing to analyse")
-        report = analyze_trace(files, calibration_home=default_home()) if files else None
-    except (TraceError, _InputError) as exc:
+        report = None
+        if files:
+            with _rank_progress() as progress:
+                report = analyze_trace(
+                    files,
+                    default_home(),
+                    workers=workers,
+                    ray_address=ray_address,
+                    progress=progress,
+                )
+    except (TraceError, _InputError, RayPoolError) as exc:
         print(f"stepscope: {exc}", file=sys.stderr)
         return 1
     except MemoryError:
