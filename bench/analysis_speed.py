@@ -417,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
 
     traces = [
         TRACES / "resnet50_v100_num_workers_0.pt.trace.json.gz",
+        TRACES / "v100_ddp_rank0_ns_resolution.pt.trace.json.gz",
         TRACES / "a100_nccl_3steps.json.gz",
     ]
     missing = [p for p in traces if not p.exists()]

@@ -254,7 +254,7 @@ def test_op_args_of_the_old_resnet_trace() -> None:
     assert dims[:2] == [[32, 3, 224, 224], [64, 3, 7, 7]]
     assert types[0] == "float" and concrete is None
     node = args.loc["CudnnConvolutionBackward"]
-    assert len(node) == 318 and node["seq"].map(type).eq(int).all()
+    assert len(node) == 318 and node["seq"].ge(0).all()
     assert orjson.loads(node["args"].iloc[0])[0][0] == [32, 2048, 7, 7]  # the last conv's
 
 
@@ -281,4 +281,4 @@ def test_op_args_of_irregular_events(tmp_path: Path) -> None:
         [[[1, 2], [2, 3]], [], None],
         [None, None, None],
     ]
-    assert args["seq"].tolist() == [4, None, None, 9]
+    assert args["seq"].tolist() == [4, -1, -1, 9]  # -1: no sequence number

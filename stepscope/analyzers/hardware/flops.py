@@ -300,11 +300,11 @@ def _conv_outputs(args: pd.DataFrame, ranks: np.ndarray) -> dict[tuple[int, int]
     input is the output's gradient (the last in file order wins), for old traces."""
     out: dict[tuple[int, int], bytes] = {}
     at = np.flatnonzero(~args["name"].isin(list(FORMULAS)).to_numpy())  # autograd nodes
-    nodes = (args[c].take(at) for c in ("name", "args", "seq"))
+    nodes = (args[c].take(at).tolist() for c in ("name", "args", "seq"))
     for rank, name, blob, seq in zip(ranks[at].tolist(), *nodes, strict=True):
         dims = orjson.loads(blob)[0] if flop_ops.is_conv_node(name) else None
         shape = dims[0] if isinstance(dims, list) and dims else None
-        if isinstance(seq, int) and isinstance(shape, list) and shape:
+        if seq >= 0 and isinstance(shape, list) and shape:
             out[rank, seq] = orjson.dumps(shape)
     return out
 
@@ -346,7 +346,7 @@ def operator_flops(trace: load.Trace) -> pd.DataFrame:
     cats, codes = ev["name"].cat.categories, ev["name"].cat.codes.to_numpy()
     for i in np.flatnonzero(np.isin(parents, list(kids))).tolist():  # their children
         kids[int(parents[i])].append(str(cats[codes[i]]))
-    pairs = zip(ev["rank"].to_numpy()[rows].tolist(), args["seq"], basis, strict=True)
+    pairs = zip(ev["rank"].to_numpy()[rows].tolist(), args["seq"].tolist(), basis, strict=True)
     outs = [conv_out.get((r, s)) if b == "conv" else None for r, s, b in pairs]
     kid_names = [tuple(kids[r]) if r in kids else None for r in rows.tolist()]
     got = _evaluate(list(zip(names, args["args"], outs, kid_names, strict=True)))

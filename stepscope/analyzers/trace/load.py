@@ -59,7 +59,7 @@ class Trace:
     #: The args of the operators ``keeps_op_args`` names, one row per event, in file
     #: order per rank: ``row`` (its row in ``events``), ``name``, ``args`` (the JSON bytes
     #: of ["Input Dims", "Input type", "Concrete Inputs"], null where absent) and ``seq``
-    #: ("Sequence number" or None). None for a Trace not built by load_trace.
+    #: ("Sequence number", -1 where none). None for a Trace not built by load_trace.
     op_args: pd.DataFrame | None = None
 
 

@@ -1,0 +1,131 @@
+"""`stepscope diff`: where the time went between two runs, operator by operator, with
+intervals, on real traces and on real recorded runs."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from dashboard_helpers import stepscope
+
+from stepscope.analyzers.report.op_diff import (
+    COLUMNS,
+    FASTER,
+    GONE,
+    NEW,
+    SAME,
+    SLOWER,
+    diff_calls,
+    phase_calls,
+)
+from stepscope.analyzers.report.run_diff_ops import diff_runs, diff_traces
+from stepscope.store import RunStore
+from tests.traces import trace_path
+
+NW0 = trace_path("resnet50_v100_num_workers_0.pt.trace.json.gz")
+NW4 = trace_path("resnet50_v100_num_workers_4.pt.trace.json.gz")
+TRAIN = Path(__file__).resolve().parent / "jobs" / "train.py"
+
+
+def test_a_trace_against_itself_changes_nothing() -> None:
+    d = diff_traces(NW0, NW0)
+    assert list(d.ops.columns) == COLUMNS and len(d.ops) > 100
+    assert set(d.ops["status"]) == {SAME} and (d.ops["diff_ns"] == 0).all()
+    assert set(d.ops["kind"]) == {"operator", "kernel"}
+    assert set(d.categories["status"]) == {SAME}
+
+
+def test_workers_remove_the_loader_wait_and_the_diff_says_where() -> None:
+    """ResNet-50 with 4 DataLoader workers against none (the same job, same V100)."""
+    d = diff_traces(NW0, NW4)
+    # biggest change first
+    sizes = d.ops["diff_ns"].abs().to_numpy()
+    assert (np.diff(sizes) <= 0).all()
+    top = d.ops.iloc[0]
+    assert top["name"].startswith("enumerate(DataLoader)") and top["status"] == GONE
+    loader = d.categories.set_index("name").loc["DataLoader"]
+    assert loader["status"] == FASTER and loader["hi_ns"] < 0 < loader["a_ns"]
+    # the model's own kernels: the same work, no change claimed for the biggest GEMMs
+    kernel = d.ops[d.ops["kind"] == "kernel"]
+    assert (kernel["status"] != NEW).sum() > 0
+    # an interval is given wherever a change is claimed, and it excludes zero
+    claimed = d.ops[d.ops["status"].isin([SLOWER, FASTER])]
+    assert len(claimed) and claimed["lo_ns"].notna().all()
+    assert ((claimed["lo_ns"] > 0) | (claimed["hi_ns"] < 0)).all()
+
+
+def test_resampling_steps_when_there_are_enough() -> None:
+    """Ten steps a side: a name 30 % slower is flagged over steps, noise is not."""
+    rng = np.random.default_rng(1)
+    rows_a, rows_b = [], []
+    for step in range(10):
+        for name, a_ms, b_ms in (("aten::mm", 10, 13), ("aten::add", 5, 5)):
+            rows_a.append((0, step, "operator", name, int(rng.normal(a_ms, 0.2) * 1e6)))
+            rows_b.append((0, step, "operator", name, int(rng.normal(b_ms, 0.2) * 1e6)))
+    cols = ["rank", "step", "kind", "name", "time_ns"]
+    a, b = pd.DataFrame(rows_a, columns=cols), pd.DataFrame(rows_b, columns=cols)
+    windows = pd.DataFrame({"rank": [0] * 10, "step": range(10)})
+    d = diff_calls(a, windows, b, windows, step_ns_a=15e6).set_index("name")
+    assert d.loc["aten::mm", "status"] == SLOWER and d.loc["aten::mm", "basis"] == "steps"
+    assert 2.5e6 < d.loc["aten::mm", "lo_ns"] < 3e6 < d.loc["aten::mm", "hi_ns"] < 3.5e6
+    assert d.loc["aten::add", "status"] == SAME
+
+
+def test_step_timer_phases_are_calls_of_each_timed_step() -> None:
+    steps = pd.DataFrame(
+        {
+            "rank": [0, 0],
+            "start_s": [0.0, 1.0],
+            "end_s": [1.0, 2.5],
+            "data_wait_s": [0.5, 0.0],
+            "forward_s": [0.2, 0.3],
+            "backward_s": [0.2, None],
+            "optimizer_s": [0.05, 0.05],
+        }
+    )
+    calls, windows = phase_calls(steps)
+    assert len(windows) == 2
+    per = calls.groupby("name")["time_ns"].sum().to_dict()
+    assert per["data wait"] == 500_000_000 and per["forward"] == 500_000_000
+    assert per["other"] == 50_000_000 + 1_150_000_000  # what no phase covers
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, int]:
+    """The same small training job, B with 3 extra 256x256 matmuls per step (real runs,
+    each with stepscope's default capture)."""
+    home = tmp_path_factory.mktemp("diff") / "home"
+    for name, extra in (("plain", "0"), ("extra", "3")):
+        job = [sys.executable, str(TRAIN), "--steps", "40", "--compute", extra]
+        stepscope(home, "run", "--quiet", "--name", name, "--", *job)
+    with RunStore(home) as store:
+        return home, store.resolve_run("plain"), store.resolve_run("extra")
+
+
+def test_an_extra_matmul_is_named_among_the_biggest_changes(two_runs) -> None:
+    home, a, b = two_runs
+    with RunStore(home) as store:
+        d = diff_runs(store, a, b)
+    assert d.warnings == [] or all("different commands" in w for w in d.warnings)
+    ops = d.ops[d.ops["kind"] == "operator"]
+    top = ops.head(3).set_index("name")
+    assert "aten::mm" in top.index and top.loc["aten::mm", "status"] in (SLOWER, NEW)
+    assert top.loc["aten::mm", "b_calls"] == top.loc["aten::mm", "a_calls"] + 3
+    phases = d.categories[d.categories["kind"] == "phase"]
+    assert set(phases["name"]) >= {"forward", "backward", "optimizer step"}
+
+
+def test_cli_diff_prints_json_and_bad_input_is_one_line_exit_2(two_runs) -> None:
+    home, a, b = two_runs
+    out = stepscope(home, "diff", str(a), str(b), "--json")
+    doc = json.loads(out.stdout)
+    assert doc["a"] == f"run {a}" and doc["ops"] and set(doc["ops"][0]) == set(COLUMNS)
+    bad = stepscope(home, "diff", str(a), "no-such-run", check=False)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+    assert "no-such-run" in bad.stderr
+    text = stepscope(home, "diff", str(a), str(b), "--top", "5").stdout
+    assert "aten::mm" in text and "biggest change first" in text
