@@ -9,9 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import orjson
+import pandas as pd
 import pytest
 from traces import ALL, CPU_ONLY, MI250, RANK0, RANK1, RESNET_NW0, V100_NS, trace_path
 
+from stepscope.analyzers.trace import pieces
 from stepscope.analyzers.trace.columns import CATEGORIES
 from stepscope.analyzers.trace.flop_ops import keeps_op_args
 from stepscope.analyzers.trace.load import TraceError, load_trace
@@ -282,3 +284,71 @@ def test_op_args_of_irregular_events(tmp_path: Path) -> None:
         [None, None, None],
     ]
     assert args["seq"].tolist() == [4, -1, -1, 9]  # -1: no sequence number
+
+
+# -- big files, parsed a piece at a time (trace/pieces.py) -----------------------------------
+@pytest.fixture
+def small_pieces(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every file is 'big', cut into ~64 kB pieces; the list counts the pieces parsed."""
+    seen: list[int] = []
+    cut = pieces._pieces
+
+    def counted(*args, **kwargs):
+        for events in cut(*args, **kwargs):
+            seen.append(len(events))
+            yield events
+
+    monkeypatch.setattr(pieces, "MIN_BYTES", 0)
+    monkeypatch.setattr(pieces, "CHUNK_BYTES", 64 << 10)
+    monkeypatch.setattr(pieces, "_pieces", counted)
+    return seen
+
+
+def _whole(path: Path, monkeypatch: pytest.MonkeyPatch):
+    with monkeypatch.context() as m:
+        m.setattr(pieces, "MIN_BYTES", 1 << 62)
+        return load_trace(path)
+
+
+def _assert_same(a, b) -> None:
+    for field in ("events", "memory", "steps", "op_args"):
+        pd.testing.assert_frame_equal(getattr(a, field), getattr(b, field), obj=field)
+    assert a.meta == b.meta and a.ranks == b.ranks
+
+
+@pytest.mark.parametrize(
+    "name", ["resnet50_v100_num_workers_0.pt.trace.json.gz", "a100_nccl_3steps.json.gz"]
+)
+def test_a_big_trace_in_pieces_loads_as_one(name, small_pieces, monkeypatch) -> None:
+    """Kineto's layout (an event per block at two spaces): the same columns, in order."""
+    path = trace_path(name)
+    whole = _whole(path, monkeypatch)
+    _assert_same(load_trace(path), whole)
+    assert len(small_pieces) > 5 and sum(small_pieces) > len(whole.events)
+
+
+def test_one_event_per_line_is_cut_and_compact_json_is_parsed_whole(
+    tmp_path: Path, small_pieces, monkeypatch
+) -> None:
+    doc = orjson.loads(gzip.decompress(trace_path("a100_nccl_3steps.json.gz").read_bytes()))
+    events = doc.pop("traceEvents")
+    head = orjson.dumps(doc)[:-1] + b', "traceEvents": [\n'
+    lines = tmp_path / "lines.json"  # the layout of bench/synthetic_trace.py
+    lines.write_bytes(head + b",\n".join(map(orjson.dumps, events)) + b"\n]}")
+    compact = tmp_path / "compact.json"
+    compact.write_bytes(orjson.dumps({**doc, "traceEvents": events}))
+    whole = _whole(lines, monkeypatch)
+    _assert_same(load_trace(lines), whole)
+    assert len(small_pieces) > 5
+    small_pieces.clear()
+    _assert_same(load_trace(compact), _whole(compact, monkeypatch))
+    assert small_pieces == []  # no line to cut at: one parse, the usual way
+
+
+def test_a_truncated_big_file_is_still_one_line(tmp_path: Path, small_pieces) -> None:
+    text = gzip.decompress(trace_path("a100_nccl_3steps.json.gz").read_bytes())
+    bad = tmp_path / "cut.json"
+    bad.write_bytes(text[: len(text) // 2])
+    with pytest.raises(TraceError) as err:
+        load_trace(bad)
+    assert "truncated JSON" in str(err.value) and "\n" not in str(err.value)

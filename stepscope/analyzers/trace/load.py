@@ -19,6 +19,7 @@ rows, so no analysis has to parse a file twice and loading stays as fast.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import gzip
 import re
@@ -34,6 +35,7 @@ import orjson
 import pandas as pd
 from pandas.api.types import union_categoricals
 
+from stepscope.analyzers.trace import pieces
 from stepscope.analyzers.trace.columns import complete_events, memory_events, split_events
 from stepscope.analyzers.trace.flop_ops import keeps_op_args
 from stepscope.store.artifacts import s3_error, s3_filesystem
@@ -141,6 +143,11 @@ def read_json(path: Path | str) -> Any:
     Reading the whole file and decompressing in one call is the fastest path and costs
     the decompressed size once; the bytes are released as soon as orjson is done.
     """
+    return parse_json(path, read_text(path))
+
+
+def read_text(path: Path | str) -> bytes:
+    """The file's JSON text, decompressed; one-line errors for what cannot be read."""
     data = read_bytes(path)
     if data[:2] == b"\x1f\x8b":
         try:
@@ -149,6 +156,11 @@ def read_json(path: Path | str) -> Any:
             raise TraceError(f"{path}: truncated or corrupt gzip ({exc})") from None
     if not data[:4096].strip() and not data.strip():
         raise TraceError(f"{path}: empty file")
+    return data
+
+
+def parse_json(path: Path | str, data: bytes) -> Any:
+    """``orjson.loads`` with the one-line errors (and the bare N/A some Kineto writes)."""
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError as exc:
@@ -228,21 +240,72 @@ def _steps(events: pd.DataFrame, rank: int) -> pd.DataFrame:
     )
 
 
-def _load_one(path: Path, index: int) -> tuple[int, pd.DataFrame, pd.DataFrame, pd.DataFrame, dict]:
-    doc = read_json(path)
-    events, meta = _event_list(path, doc)
-    del doc
-    xs, mem = split_events(events)
-    del events
-    if not xs:
-        raise TraceError(f"{path}: trace has no complete ('X') events")
+def _rank_of(meta: dict, index: int) -> int:
     dist = meta.get("distributedInfo")
-    rank = index
     if isinstance(dist, dict) and isinstance(dist.get("rank"), int):
-        rank = dist["rank"]
-    ev, op_args = complete_events(xs, rank, keeps_op_args)
-    del xs
-    memory = memory_events(mem, rank)
+        return dist["rank"]
+    return index
+
+
+def _columns_in_pieces(
+    path: Path, data: bytes, index: int
+) -> tuple[int, pd.DataFrame, pd.DataFrame, pd.DataFrame, dict]:
+    """``_load_one``'s columns, built piece by piece (``pieces.py``), then put in the
+    order one piece would have had: events by (ts, -dur), stably, so ties keep file
+    order; memory by ts; op args in file order, their rows following the sort."""
+    meta, parts = pieces.event_pieces(data)
+    rank = _rank_of(meta, index)
+    evs, mems, args = [], [], []
+    offset = 0
+    for events in parts:
+        xs, mem = split_events(events)
+        del events
+        if xs:
+            ev, op_args = complete_events(xs, rank, keeps_op_args)
+            evs.append(ev)
+            args.append(op_args.assign(row=op_args["row"].to_numpy() + offset))
+            offset += len(ev)
+        del xs
+        mems.append(memory_events(mem, rank))
+    if not evs:
+        raise TraceError(f"{path}: trace has no complete ('X') events")
+    names = union_categoricals([f["name"] for f in evs], sort_categories=True)
+    ev = pd.concat([f.drop(columns="name") for f in evs], ignore_index=True)
+    ev.insert(ev.columns.get_loc("cat") + 1, "name", names)
+    del evs
+    order = np.lexsort((-ev["dur"].to_numpy(), ev["ts"].to_numpy()))
+    ev = ev.take(order).reset_index(drop=True)
+    position = np.empty_like(order)
+    position[order] = np.arange(order.size)
+    # pieces without such operators have empty, untyped columns: they would make the
+    # concatenation's name column untyped too
+    op_args = pd.concat([a for a in args if len(a)] or args[:1], ignore_index=True)
+    op_args["row"] = position[op_args["row"].to_numpy()]
+    memory = pd.concat(mems, ignore_index=True).sort_values("ts", kind="stable", ignore_index=True)
+    return rank, ev, memory, op_args, meta
+
+
+def _load_one(path: Path, index: int) -> tuple[int, pd.DataFrame, pd.DataFrame, pd.DataFrame, dict]:
+    data = read_text(path)
+    loaded = None
+    if len(data) >= pieces.MIN_BYTES:  # a big file: parsed a piece at a time
+        with contextlib.suppress(pieces.NoCut):
+            loaded = _columns_in_pieces(path, data, index)
+    if loaded is None:  # inline, so that each big object is freed as soon as it is used
+        doc = parse_json(path, data)
+        del data
+        events, meta = _event_list(path, doc)
+        del doc
+        xs, mem = split_events(events)
+        del events
+        if not xs:
+            raise TraceError(f"{path}: trace has no complete ('X') events")
+        rank = _rank_of(meta, index)
+        ev, op_args = complete_events(xs, rank, keeps_op_args)
+        del xs
+        loaded = rank, ev, memory_events(mem, rank), op_args, meta
+    rank, ev, memory, op_args, meta = loaded
+    dist = meta.get("distributedInfo")
     info = {
         "path": str(path),
         "deviceProperties": meta.get("deviceProperties") or [],
