@@ -2,9 +2,9 @@
 
 Importing this package must stay cheap and must not import torch: the bootstrap
 imports it inside every Python process of the user's job. So the notebook API
-(``stepscope.analyze``, ``runs``, ``run``, ``compare``: see ``stepscope/api.py``), which
-needs pandas and the analyzers, is imported on first use of one of its names, through
-the module-level ``__getattr__`` below (PEP 562).
+(``stepscope.analyze``, ``runs``, ``run``, ``compare``, ``diff``, ``check``: see
+``stepscope/api.py``), which needs pandas and the analyzers, is imported on first use of
+one of its names, through the module-level ``__getattr__`` below (PEP 562).
 """
 
 from __future__ import annotations
@@ -14,7 +14,20 @@ from typing import Any
 __version__ = "0.1.0"
 
 # names of stepscope.api, read from it on first use
-_API = ("analyze", "runs", "run", "compare", "Report", "Run", "Comparison", "TraceError")
+_API = (
+    "analyze",
+    "runs",
+    "run",
+    "compare",
+    "check",
+    "diff",
+    "Report",
+    "Run",
+    "Comparison",
+    "CheckResult",
+    "RunDiff",
+    "TraceError",
+)
 
 
 def mark_step() -> None:

@@ -1,4 +1,4 @@
-"""The Python API for notebooks: ``analyze``, ``runs``, ``run``, ``compare``.
+"""The Python API for notebooks: ``analyze``, ``runs``, ``run``, ``compare``, ``diff``, ``check``.
 
 What the CLI does for a terminal, for a notebook: the same analyses, the same store
 (``$STEPSCOPE_HOME``, default ``~/.stepscope``, unless ``home`` says otherwise), the same
@@ -19,11 +19,13 @@ from typing import Any
 
 import pandas as pd
 
+from stepscope.analyzers.report.run_diff_ops import RunDiff, diff_runs, diff_traces
 from stepscope.analyzers.report.trace_report import analyze_trace
 from stepscope.analyzers.steps.generation import generation_summary, requests_frame, token_latencies
 from stepscope.analyzers.steps.step_stats import summarize_steps
 from stepscope.analyzers.trace.load import TraceError
 from stepscope.app.formats import fmt_s, missing, speed_caption
+from stepscope.optim_runner.perf_check import DEFAULT_MAX_SLOWDOWN, CheckResult, check_runs
 from stepscope.optim_runner.speed import Speed, compare_speed
 from stepscope.optim_runner.stats import SpeedupCI
 from stepscope.report import Report, findings_frame, steps_frame
@@ -311,13 +313,51 @@ def compare(a: int | str | Run, b: int | str | Run, home: PathLike | None = None
     return Comparison(run_a, run_b, compare_speed(run_a.steps, run_b.steps))
 
 
+def check(
+    run: int | str | Run,
+    against: int | str | Run,
+    max_slowdown: float | str = DEFAULT_MAX_SLOWDOWN,
+    home: PathLike | None = None,
+    operators: bool = True,
+) -> CheckResult:
+    """Is ``run`` measurably slower than ``against`` (its baseline)? What `stepscope check`
+    decides, for a notebook or a script that gates on it: ``result.passed``,
+    ``result.exit_code`` (0 pass, 1 slower, 2 cannot compare), ``result.figures`` (each
+    with its interval), ``result.operators`` (a DataFrame of the operators that
+    regressed, or None). Runs as the CLI takes them: ids, names, tags, 'last'.
+    ``max_slowdown``: 0.05 or "5%". Raises ``RunNotFound`` for an unknown run or tag.
+    """
+    refs = [r.id if isinstance(r, Run) else r for r in (run, against)]
+    with RunStore(home) as store:
+        return check_runs(store, refs[0], refs[1], max_slowdown, operators=operators)
+
+
+def diff(
+    a: int | str | Run | PathLike, b: int | str | Run | PathLike, home: PathLike | None = None
+) -> RunDiff:
+    """What changed from ``a`` to ``b``, operator by operator: runs (ids, names, tags,
+    'last') or two trace files/folders. ``.ops`` (operators and kernels) and
+    ``.categories`` (trace categories, step-timer phases) are DataFrames, biggest change
+    first, each change with its 95 % interval and a status; ``.warnings`` say what is thin.
+    """
+    refs = [r.id if isinstance(r, Run) else r for r in (a, b)]
+    if all(isinstance(r, (str, os.PathLike)) and Path(r).expanduser().exists() for r in refs):
+        return diff_traces(Path(refs[0]).expanduser(), Path(refs[1]).expanduser())
+    with RunStore(home) as store:
+        return diff_runs(store, store.resolve_run(refs[0]), store.resolve_run(refs[1]))
+
+
 __all__ = [
+    "CheckResult",
     "Comparison",
     "Report",
     "Run",
+    "RunDiff",
     "TraceError",
     "analyze",
+    "check",
     "compare",
+    "diff",
     "run",
     "runs",
 ]

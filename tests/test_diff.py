@@ -129,3 +129,13 @@ def test_cli_diff_prints_json_and_bad_input_is_one_line_exit_2(two_runs) -> None
     assert "no-such-run" in bad.stderr
     text = stepscope(home, "diff", str(a), str(b), "--top", "5").stdout
     assert "aten::mm" in text and "biggest change first" in text
+
+
+def test_api_diff_takes_runs_or_traces(two_runs) -> None:
+    import stepscope
+
+    home, a, b = two_runs
+    by_run = stepscope.diff(a, "extra", home=home)
+    assert by_run.a == f"run {a}" and by_run.b == f"run {b}" and len(by_run.ops)
+    by_file = stepscope.diff(NW0, NW4)
+    assert by_file.ops.iloc[0]["status"] == GONE

@@ -369,4 +369,4 @@ def test_version_6_store_is_migrated(tmp_path: Path) -> None:
         assert store.step_count(1) == (2, 1, 1)
     with sqlite3.connect(tmp_path / "stepscope.db") as conn:
         version = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        assert int(version[0]) == SCHEMA_VERSION == 7
+        assert int(version[0]) == SCHEMA_VERSION

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from stepscope.store.db import q
 from stepscope.store.liveness import lost_runs
+from stepscope.store.tags import tagged_run
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -196,7 +197,12 @@ class RunsTable:
         return out
 
     def resolve_run(self, ref: str | int) -> int:
-        """Turn what a user typed (an id, a name, or 'last') into a run id."""
+        """Turn what a user typed (an id, 'last', a tag or a name) into a run id.
+
+        A tag comes before a name: it was set to mean one run (``stepscope tag``), where
+        a name means the newest of the runs that share it. Tag names cannot look like an
+        id or 'last' (``tags.check_tag_name``), so the order is only ever tag over name.
+        """
         text = str(ref).strip()
         if text in ("last", "latest"):
             last = self._db.scalar("SELECT MAX(id) FROM runs")
@@ -205,12 +211,16 @@ class RunsTable:
             return int(last)
         if text.isdigit() and self._db.scalar("SELECT 1 FROM runs WHERE id=:id", id=int(text)):
             return int(text)
+        with self._db.connect() as conn:
+            tagged = tagged_run(conn, text)
+        if tagged is not None:
+            return tagged
         found = self._db.scalar(
             "SELECT id FROM runs WHERE name=:name ORDER BY id DESC LIMIT 1", name=text
         )
         if found is not None:
             return int(found)
-        raise RunNotFound(f"no run with id or name {text!r} in {self.location}")
+        raise RunNotFound(f"no run with id or name {text!r}, nor a tag, in {self.location}")
 
 
 def lock_run(conn: Connection, run_id: int) -> None:

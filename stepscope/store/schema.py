@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 # Statuses a run can have. "running" is the only non-final one; a run whose launcher
 # vanished without finalising is turned into "lost" on the next read.
@@ -216,6 +216,17 @@ CREATE TABLE IF NOT EXISTS requests (
     PRIMARY KEY (run_id, rank, request)
 );
 
+-- Names people give runs (`stepscope tag RUN NAME`): a CI job checks against
+-- "main-baseline" while the run it names moves on. One run per name; tagging again moves
+-- the name, and a run's deletion takes its tags with it.
+CREATE TABLE IF NOT EXISTS tags (
+    name        TEXT PRIMARY KEY,
+    run_id      INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    created_at  REAL NOT NULL,              -- when it was set (or last moved)
+    "user"      TEXT,                       -- who set it (a shared store has many)
+    host        TEXT NOT NULL
+);
+
 -- Which process is which rank of a run (for the distributed view across hosts).
 CREATE TABLE IF NOT EXISTS run_ranks (
     run_id      INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
@@ -309,4 +320,5 @@ ALTER TABLE samples ADD COLUMN host TEXT;
 """,  # + the run_members and run_ranks tables
     6: "",  # the requests table (generation jobs)
     7: _copied("steps", _STEPS_V6_COLUMNS),  # the worker column, in the primary key
+    8: "",  # the tags table
 }

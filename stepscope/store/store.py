@@ -6,7 +6,8 @@ row, ``Finding``s for findings); writes are small transactions so that a job kil
 any moment loses at most what its writer had buffered.
 
 ``RunStore`` is one class made of one part per group of tables (``runs.py``,
-``members.py``, ``records.py``, ``requests.py``, ``findings.py``, ``experiments.py``) over one database
+``members.py``, ``records.py``, ``requests.py``, ``findings.py``, ``experiments.py``,
+``tags.py``) over one database
 (``db.py``: SQLite by default, or PostgreSQL, chosen by the store URL, ``url.py``):
 callers keep one handle with the API they always had and each part reads alone.
 This module owns the database: opening it, migrating the schema, closing it.
@@ -26,6 +27,7 @@ from stepscope.store.records import RunRecords
 from stepscope.store.requests import RequestsTable
 from stepscope.store.runs import RunsTable
 from stepscope.store.schema import DDL, INDEXES, MIGRATIONS, SCHEMA_VERSION, ddl_for
+from stepscope.store.tags import TagsTable
 from stepscope.store.url import StoreError, resolve_store_url
 
 if TYPE_CHECKING:
@@ -42,7 +44,15 @@ def default_home() -> Path:
     return Path(os.environ.get("STEPSCOPE_HOME") or Path.home() / ".stepscope").expanduser()
 
 
-class RunStore(RunsTable, MembersTable, RunRecords, RequestsTable, FindingsTable, ExperimentsTable):
+class RunStore(
+    RunsTable,
+    MembersTable,
+    RunRecords,
+    RequestsTable,
+    FindingsTable,
+    ExperimentsTable,
+    TagsTable,
+):
     """Handle on one store: its database plus the local ``runs/<id>/`` folders.
 
     ``home`` is the local folder (run folders, control files); ``url`` (or

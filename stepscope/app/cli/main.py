@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from stepscope import __version__
 from stepscope.app.cli.optimize_args import add_optimize, optimize_refusal
+from stepscope.app.cli.regression_args import add_regression_verbs
 from stepscope.store import RunNotFound, StoreError, default_home, resolve_store_url
 from stepscope.store.artifacts import ARTIFACTS_ENV, ArtifactError, artifact_location
 from stepscope.store.url import ENV_VAR as STORE_ENV
@@ -139,6 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     att.add_argument("--quiet", action="store_true", help="no progress and no report")
 
     add_optimize(sub)
+
+    add_regression_verbs(sub)
 
     demo = sub.add_parser(
         "demo",
@@ -277,6 +280,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 workers=args.workers,
                 ray_address=args.ray,
             )
+        if args.verb == "diff":
+            from stepscope.app.cli.diff import cmd_diff  # local: see above
+
+            return cmd_diff(args.a, args.b, as_json=args.json, top=args.top, kind=args.kind)
         if args.verb == "attach":
             from stepscope.app.cli.attach import cmd_attach  # local: see above
 
@@ -313,6 +320,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 budget=args.budget,
                 full=args.full,
             )
+        if args.verb == "check":
+            from stepscope.app.cli.check import cmd_check  # local: see above
+
+            return cmd_check(
+                args.run, args.against, args.max_slowdown, args.fmt, args.junit,
+                operators=not args.no_operators,
+            )  # fmt: skip
+        if args.verb == "tag":
+            from stepscope.app.cli.tag import cmd_tag  # local: see above
+
+            return cmd_tag(args.run, args.name, list_tags=args.list_tags, delete=args.delete,
+                           as_json=args.json)  # fmt: skip
         if args.verb == "demo":
             from stepscope.app.cli.dashboard import bind_refusal  # local: see above
             from stepscope.app.cli.demo import cmd_demo  # local: see above
