@@ -1,9 +1,10 @@
 """False alarms and detection of ``stepscope check`` / ``stepscope diff`` on real runs.
 
-    python bench/diff_check.py [--repeats 20] [--steps 100]
+    python bench/diff_check.py [--repeats 20] [--steps 400]
 
 Each repeat records three real runs of ``bench/diff_job.py`` under ``stepscope run`` (its
-default capture included) in a fresh store: a baseline A, the same job again A', and B,
+default capture included) in a fresh store, after a warm-up run that is not used: a
+baseline A, the same job again A', and B,
 the same job with one extra matrix multiply per step (about 10 % of its step time).
 Then ``stepscope check A' --against A`` must pass (exit 0: no measurable slowdown beyond
 the default 5 %) and ``stepscope check B --against A`` must fail (exit 1), and
@@ -50,7 +51,9 @@ def _first_operator(home: Path) -> tuple[str | None, str | None]:
 def repeat(steps: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="diffcheck-") as tmp:
         home = Path(tmp) / "home"
-        for name, extra in (("a", ()), ("a2", ()), ("b", ("--extra",))):
+        # a first run pays for a cold machine (CPU clocks, caches, the store's creation):
+        # recorded and dropped, so that A is not slower than A' and B by being first
+        for name, extra in (("warm-up", ()), ("a", ()), ("a2", ()), ("b", ("--extra",))):
             _record(home, name, steps, *extra)
         same = _stepscope(home, "check", "a2", "--against", "a")
         slower = _stepscope(home, "check", "b", "--against", "a")
@@ -60,15 +63,15 @@ def repeat(steps: int) -> dict:
         "slower_exit": slower.returncode,
         "first_operator": name,
         "first_status": status,
-        "same_out": same.stdout.strip().splitlines()[:1],
-        "slower_out": slower.stdout.strip().splitlines()[:1],
+        "same_out": same.stdout.strip().splitlines()[:2],
+        "slower_out": slower.stdout.strip().splitlines()[:2],
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--json", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     runs = []

@@ -42,6 +42,13 @@ def fmt_s(s: float | None, digits: int | None = None) -> str:
     return f"{s:.2f} s"
 
 
+def fmt_signed_s(s: float | None) -> str:
+    """A change of time with its sign: '+948 µs', '-8.9 ms', '±0 µs' (``fmt_s``)."""
+    if missing(s):
+        return "—"
+    return ("+" if s > 0 else "-" if s < 0 else "±") + fmt_s(abs(float(s)))
+
+
 def fmt_num(x: float | None) -> str:
     return "—" if missing(x) else f"{x:.3g}" if x < 100 else f"{x:,.0f}"
 

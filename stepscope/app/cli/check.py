@@ -17,7 +17,7 @@ from typing import Any
 
 from stepscope.app.cli import term
 from stepscope.app.cli.term import esc, print_json, say
-from stepscope.app.formats import fmt_ci, fmt_num, fmt_ratio, fmt_s, missing
+from stepscope.app.formats import fmt_ci, fmt_num, fmt_ratio, fmt_s, fmt_signed_s, missing
 from stepscope.optim_runner.perf_check import (
     CANNOT_COMPARE,
     FASTER,
@@ -138,7 +138,7 @@ def operator_rows(result: CheckResult) -> list[list[str]]:
         return "-" if missing(x) else fmt_s(float(x) / 1e9)
 
     def signed(x: float) -> str:
-        return ("+" if x >= 0 else "-") + ns(abs(x))
+        return fmt_signed_s(float(x) / 1e9)
 
     def change(row: dict[str, Any]) -> str:
         if missing(row.get("diff_ns")):

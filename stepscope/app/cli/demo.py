@@ -24,6 +24,7 @@ from stepscope.app.cli.term import console as make_console
 from stepscope.app.cli.term import esc
 from stepscope.app.formats import fmt_pct
 from stepscope.collectors.launcher import launch_run
+from stepscope.optim_runner.arm_changes import explain_result
 from stepscope.optim_runner.experiment import ExperimentError, run_experiment
 from stepscope.store import RunStore
 
@@ -103,7 +104,7 @@ def run_demo(home: Path, steps: int, trials: int, console: Any) -> tuple[int, in
         )
         with ProgressView(console, run_id) as view:
             result = run_experiment(store, run_id, steps=steps, trials=trials, progress=view.update)
-        render(result, console)
+        render(result, console, changes=explain_result(store, result))
     return run_id, int(result["experiment_id"])
 
 

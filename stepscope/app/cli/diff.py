@@ -19,7 +19,7 @@ from stepscope.analyzers.report.run_diff_ops import RunDiff, diff_runs, diff_tra
 from stepscope.analyzers.trace.load import TraceError
 from stepscope.app.cli import term
 from stepscope.app.cli.term import esc
-from stepscope.app.formats import fmt_s
+from stepscope.app.formats import fmt_s, fmt_signed_s
 from stepscope.store import RunNotFound, RunStore, StoreError
 
 _STYLE = {SLOWER: "red", NEW: "red", "faster": "green", GONE: "green"}
@@ -34,9 +34,7 @@ def _ns(value: float) -> str:
 
 
 def _signed(value: float) -> str:
-    if pd.isna(value):
-        return ""
-    return ("+" if value > 0 else "-" if value < 0 else "±") + fmt_s(abs(float(value)) / 1e9)
+    return "" if pd.isna(value) else fmt_signed_s(float(value) / 1e9)
 
 
 def _interval(row: pd.Series) -> str:

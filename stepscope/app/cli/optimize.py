@@ -3,7 +3,8 @@
 A thin shell over ``optim_runner.experiment.run_experiment``. Progress goes to stderr
 (a rich progress bar with the current arm on a terminal, one plain line per trial
 start and end anywhere else), so that ``--json`` leaves stdout to the JSON alone; the
-report is a table per candidate and predicted vs measured per fix.
+report is a table per candidate (with the operators and phases each changed most
+against the baseline, ``optim_runner/arm_changes.py``) and predicted vs measured per fix.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -28,6 +29,7 @@ from stepscope.app.design_text import (
 )
 from stepscope.app.formats import fmt_ci, fmt_ratio, guard_word, guarded
 from stepscope.app.ownership import rerun_refusal
+from stepscope.optim_runner.arm_changes import explain_result
 from stepscope.optim_runner.experiment import ExperimentError, run_experiment
 from stepscope.store import RunStore
 
@@ -81,7 +83,9 @@ def cmd_optimize(
     if as_json:
         print(json.dumps(result, indent=1))
     else:
-        render(result, term.console())
+        with RunStore() as store:  # the trials' diffs: where each arm changed the step
+            changes = explain_result(store, result)
+        render(result, term.console(), changes=changes)
     return 0
 
 
@@ -203,12 +207,15 @@ def trial_line(state: dict[str, Any], started: dict[tuple[str, int, str], float]
     return f"{counter} {outcome} (run {state.get('run_id')}{took})"
 
 
-def render(result: dict[str, Any], console: Any) -> None:
+def render(result: dict[str, Any], console: Any, changes: Mapping[str, str] | None = None) -> None:
     """The experiment's report on the terminal (or a pipe: see ``cli.term``).
 
     Fields added after the first stored results (``keep_explicit``, ``contention``, a
     candidate ``not_applied``, a fix's ``note``) are read with ``.get``: an experiment
-    stored by an older stepscope still renders.
+    stored by an older stepscope still renders. ``changes``: each arm's line of
+    ``arm_changes.explain_result`` (what it changed most against the baseline), a
+    column of the candidates' table; it reads the trials' traces, so the caller says
+    whether it is worth it.
     """
     base = result["baseline"]
     unit, median = ("requests", "request") if result.get("guard") == "tokens" else ("steps", "step")
@@ -236,9 +243,12 @@ def render(result: dict[str, Any], console: Any) -> None:
         table.add_column(col)
     for col in ("p50 latency", "p99 latency") if inference else ():
         table.add_column(col)
+    if changes is not None:
+        table.add_column("changed most vs baseline (first trials)", overflow="fold")
     for c in result["candidates"]:
         cells = _candidate_cells(c, stopped_status(c, result))
-        table.add_row(*cells, *(_latency_cells(c) if inference else ()))
+        line = () if changes is None else (esc(changes.get(c["name"], "-")),)
+        table.add_row(*cells, *(_latency_cells(c) if inference else ()), *line)
     console.print(table)
     for name, why in stopped_lines(result):
         console.print(f"  [yellow]{esc(name)}[/]: {esc(why)}")

@@ -27,10 +27,12 @@ import pandas as pd
 import streamlit as st
 from sqlalchemy.exc import SQLAlchemyError
 
+from stepscope.analyzers.report.run_diff_ops import RunDiff, diff_runs
 from stepscope.analyzers.report.trace_report import TraceReport
 from stepscope.analyzers.rules.diagnosis import Diagnosis, saved_diagnosis
 from stepscope.analyzers.steps.step_stats import summarize_steps
 from stepscope.analyzers.trace.load import TraceError
+from stepscope.optim_runner.arm_changes import explain_result
 from stepscope.store import (
     ExperimentNotFound,
     RunNotFound,
@@ -250,6 +252,29 @@ def experiment_row(home: str, experiment_id: int) -> dict[str, Any] | None:
             return store.experiment(experiment_id)
         except ExperimentNotFound:
             return None
+
+
+@st.cache_data(max_entries=16, show_spinner="Diffing the runs operator by operator…")
+def ops_diff(
+    home: str, run_a: int, run_b: int, marker_a: tuple[Any, ...], marker_b: tuple[Any, ...]
+) -> RunDiff:
+    """B against A, operator by operator and phase by phase (``diff_runs``): both traces
+    are loaded and resampled, so a pair is diffed once until either run changes
+    (``run_marker``). Raises the store's and the trace's errors (``user_errors``)."""
+    with open_store(home) as store:
+        return diff_runs(store, run_a, run_b)
+
+
+@st.cache_data(max_entries=32, show_spinner="Reading where each arm changed the step…")
+def arm_changes(
+    home: str, experiment_id: int, ended_at: float | None, _result: dict[str, Any]
+) -> dict[str, str]:
+    """Each arm's line of what it changed most against the baseline (``arm_changes``):
+    one diff per arm, of trials that never change once the experiment has ended, so
+    the experiment and its end are the key (``_result``, its stored result, is not
+    hashed). An arm's own failure is its line; only a store that cannot be opened raises."""
+    with open_store(home) as store:
+        return explain_result(store, _result)
 
 
 def run_experiments(home: str, run_id: int) -> list[dict[str, Any]]:

@@ -2,17 +2,21 @@
 
 While it runs, and when it failed: ``experiment_progress``. When it has
 ended: the verdict first (which fixes to keep, the combined speed-up), then the
-ablation behind it, predicted against measured per fix, and the way into the Compare
-view on one baseline trial and one trial of the best candidate.
+ablation behind it (with the operators and phases each arm changed most, from a diff
+of its first trial against the baseline's), predicted against measured per fix, and
+the way into the Compare view on one baseline trial and one trial of the best
+candidate.
 
 Every figure shown is the stored result's (``stepscope optimize --json``), so the page
 and the CLI never disagree; only the inline before/after headline is computed here,
-from the two trial runs it links to, the way the Compare page computes it.
+from the two trial runs it links to, the way the Compare page computes it, and each
+arm's changes, the way the CLI's table computes them.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -25,10 +29,14 @@ from stepscope.app.applied import not_applied_text
 from stepscope.app.dashboard import data, ui
 from stepscope.app.dashboard.charts.compare import fix_speedups, step_time_distributions
 from stepscope.app.dashboard.experiment_progress import first_line
+from stepscope.app.dashboard.tables import unknown_in_words
 from stepscope.app.design_text import design_line, repeat_line, stopped_status, trials_phrase
-from stepscope.app.formats import fmt_ci, fmt_num, fmt_ratio, fmt_s, guard_word, guarded
+from stepscope.app.formats import fmt_ci, fmt_num, fmt_ratio, fmt_s, guard_word, guarded, missing
 from stepscope.optim_runner.speed import compare_speed
 from stepscope.optim_runner.stats import timed_step_times
+
+#: the ablation's column of what each arm changed (optim_runner/arm_changes.py)
+CHANGES = "changed most vs baseline"
 
 
 def header(row: dict[str, Any]) -> None:
@@ -123,7 +131,9 @@ def verdict(result: dict[str, Any]) -> None:
             st.caption(line)
 
 
-def ablation_table(result: dict[str, Any]) -> None:
+def ablation_table(result: dict[str, Any], changes: Mapping[str, str] | None = None) -> None:
+    """``changes``: each arm's line of what it changed most against the baseline
+    (``arm_changes``), a column of its own: that a fix acted where it was predicted to."""
     st.markdown("**Ablation**: every candidate against the baseline trials")
     rows = []
     for c in result["candidates"]:
@@ -156,13 +166,16 @@ def ablation_table(result: dict[str, Any]) -> None:
                 "median step ratio": step.get("ratio"),
                 # the guard's word: tokens, outputs or loss (optim_runner/guard.py)
                 guarded(result): _quality(c),
+                **({} if changes is None else {CHANGES: changes.get(c["name"], "—")}),
                 "why": why,
                 "trial runs": ", ".join(f"#{r}" for r in c.get("runs") or []),
                 **_latency_columns(c.get("latency")),
             }
         )
+    ratios = {c: fmt_ratio for c in ("vs baseline", "median step ratio")}
+    ratios |= {f"{q} latency ratio": fmt_ratio for q in ("p50", "p99")}
     st.dataframe(
-        pd.DataFrame(rows),
+        unknown_in_words(pd.DataFrame(rows), ratios),  # an unmeasured arm: "—", not "None"
         hide_index=True,
         key="ablation",
         column_config={
@@ -183,6 +196,12 @@ def ablation_table(result: dict[str, Any]) -> None:
                 for q in ("p50", "p99")
             },
             "why": st.column_config.TextColumn(width="large"),
+            CHANGES: st.column_config.TextColumn(
+                width="large",
+                help="the operators and phases this arm changed most, its first trial "
+                "against the baseline's first (95 % intervals over their steps or calls); "
+                "Compare shows the whole diff",
+            ),
         },
     )
 
@@ -217,8 +236,12 @@ def per_fix(result: dict[str, Any]) -> None:
         for f in result["fixes"]
     ]
     x = st.column_config.NumberColumn
+    bounds = {
+        c: lambda v: fmt_ratio(v) if missing(v) else f"≤ {v:.2f}x"
+        for c in ("bound (diagnosis)", "bound (these trials)")
+    }
     st.dataframe(
-        pd.DataFrame(rows),
+        unknown_in_words(pd.DataFrame(rows), {**bounds, "measured": fmt_ratio}),
         hide_index=True,
         key="per_fix",
         column_config={
@@ -333,6 +356,11 @@ def result_view(home: str, row: dict[str, Any]) -> None:
         st.warning(f"Experiment {row['id']} ended without a result.", icon=":material/warning:")
         return
     verdict(result)
-    ablation_table(result)
+    try:
+        changes = data.arm_changes(home, int(row["id"]), row.get("ended_at"), result)
+    except data.user_errors() as exc:  # the store itself: the table is shown without them
+        changes = None
+        st.caption(f"What each arm changed is not shown: {data.one_line(exc)}")
+    ablation_table(result, changes)
     per_fix(result)
     before_after(home, result)

@@ -11,7 +11,8 @@ interval contains 1 is reported as no measurable change.
 For two inference runs the p50 and p99 latency ratios (A/B, with their intervals) come
 beside throughput: a change can serve more requests per second and still lengthen the tail.
 The breakdowns are compared on the same basis for both runs: the trace engine's
-categories when both have a trace, else the step timer's data wait / compute.
+categories when both have a trace, else the step timer's data wait / compute. Where the
+time went, operator by operator and phase by phase with intervals, is ``compare_ops``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import streamlit as st
 
 from stepscope.analyzers.trace.breakdown import CATEGORIES
 from stepscope.app.applied import applied_changes, state
-from stepscope.app.dashboard import compare_pair, data, run_diff, trace_data, ui
+from stepscope.app.dashboard import compare_ops, compare_pair, data, run_diff, trace_data, ui
 from stepscope.app.dashboard.charts.compare import (
     breakdown_compare,
     loss_overlay,
@@ -87,6 +88,7 @@ ui.set_query(a=a, b=b)
 if a == b:
     st.warning("Pick two different runs.", icon=":material/warning:")
     st.stop()
+note = None
 if a in relations and b in relations:
     note = compare_pair.command_note(relations[a], relations[b])
     if note is not None and note[1]:
@@ -98,8 +100,9 @@ if a in relations and b in relations:
         st.caption(note[0] + ".")
 
 with ui.errors_as_one_line():
-    da = data.run_data(home, a, data.run_marker(data.run_header(home, a)))
-    db = data.run_data(home, b, data.run_marker(data.run_header(home, b)))
+    markers = (data.run_marker(data.run_header(home, a)), data.run_marker(data.run_header(home, b)))
+    da = data.run_data(home, a, markers[0])
+    db = data.run_data(home, b, markers[1])
 label_a, label_b = f"A #{a} {names[a]}", f"B #{b} {names[b]}"
 
 # -- speed ------------------------------------------------------------------------------
@@ -219,6 +222,9 @@ with right:
         st.info("Neither run recorded a loss.")
     else:
         st.plotly_chart(fig, key="loss")
+
+# -- operator by operator -----------------------------------------------------------------------
+compare_ops.show(home, a, b, markers, commands_noted=note is not None)
 
 st.subheader("System")
 fig = system_timelines(
