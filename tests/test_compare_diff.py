@@ -228,3 +228,31 @@ def test_a_missing_trial_is_one_line_not_a_broken_table(runs: dict) -> None:
         "crashed": f"{UNKNOWN}: no trial of this arm ran its steps",
     }
     assert nothing == f"{UNKNOWN}: no timed steps on one side: no phase diff"
+
+
+def test_where_the_time_went_in_chromium(runs: dict, tmp_path: Path) -> None:
+    """The real dashboard in a real browser: the section, its chart and its table."""
+    from browser import CHROMIUM, CHROMIUM_ARGS, LOAD_TIMEOUT_MS, require_browser, served
+
+    require_browser()
+    from playwright.sync_api import sync_playwright
+
+    ids = runs["ids"]
+    with served(runs["home"], tmp_path / "dashboard.log") as url, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.set_default_timeout(LOAD_TIMEOUT_MS)
+            page.goto(f"{url}compare?a={ids['slow']}&b={ids['compute']}")
+            page.get_by_text("Where the time went").wait_for()
+            chart = page.locator(".js-plotly-plot", has_text=CHART_AXIS)
+            chart.wait_for()
+            assert chart.count() == 1
+            text = page.locator("[data-testid=stMain]").inner_text()
+            assert page.locator("[data-testid=stException]").count() == 0
+            # st.dataframe draws on a canvas, so the page's text names operators only in
+            # the chart's axis: the extra matmuls are among the biggest changes
+            assert "aten::mm" in chart.inner_text()
+            assert not RAW.findall(text), RAW.findall(text)[:5]
+        finally:
+            browser.close()
