@@ -4,13 +4,19 @@ worker processes or in this one, and a bad rank's file still named in one line."
 from __future__ import annotations
 
 import gzip
+import os
 import shutil
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from stepscope.analyzers.report.ranks import DUPLICATE_RANKS, default_workers, map_ranks
+from stepscope.analyzers.report.ranks import (
+    DUPLICATE_RANKS,
+    SMALL_JOB_BYTES,
+    default_workers,
+    map_ranks,
+)
 from stepscope.analyzers.report.trace_report import analyze_trace
 from stepscope.analyzers.trace.breakdown import adjusted_steps, step_breakdown
 from stepscope.analyzers.trace.communication import communication_summary
@@ -90,6 +96,15 @@ def test_a_bad_rank_file_is_one_line_naming_it_from_a_worker(tmp_path: Path) -> 
     assert str(bad) in str(err.value) and "\n" not in str(err.value)
 
 
-def test_workers_default_to_one_per_core_at_most_one_per_file() -> None:
-    assert default_workers(1) == 1
-    assert 1 <= default_workers(64) <= 64
+def test_workers_default_to_one_per_core_at_most_one_per_file(tmp_path: Path) -> None:
+    small = [str(p) for p in TWO_RANKS]
+    assert default_workers(small) == 1  # 0.2 MB: this process is quicker than workers
+    big = []
+    for i in range(64):
+        big.append(tmp_path / f"rank{i}.json.gz")
+        big[-1].write_bytes(b"\0" * (SMALL_JOB_BYTES // 32))
+    assert default_workers([str(p) for p in big]) == min(os.cpu_count() or 1, 64)
+    assert default_workers([str(big[0])]) == 1
+    assert default_workers(["s3://bucket/a.json", "s3://bucket/b.json"]) == min(
+        os.cpu_count() or 1, 2
+    )

@@ -4,7 +4,8 @@ Each worker runs ``rank_analysis.analyze_rank`` on one file and returns that ran
 compact part; ``merge.merge_parts`` makes the report. Where the work runs:
 
 - in this process, one rank after another (``workers=1``, or a single file);
-- local worker processes (default: one per core, at most one per file): forked, so a
+- local worker processes (default: one per core, at most one per file, none for a job
+  of a few MB, ``SMALL_JOB_BYTES``): forked, so a
   worker costs a fork, not an interpreter start and the imports, and a script calling
   ``stepscope.analyze`` needs no ``if __name__ == "__main__"`` guard; a parent with
   other threads (the dashboard, a notebook) is never forked (a lock one of them holds
@@ -31,9 +32,25 @@ from stepscope.analyzers.report.rank_analysis import RankPart, analyze_rank
 DUPLICATE_RANKS = "several files claim the same distributedInfo.rank; ranks are file positions"
 
 
-def default_workers(files: int) -> int:
-    """One per core, at most one per file."""
-    return max(1, min(os.cpu_count() or 1, files))
+#: Below this much trace on disk, the ranks are analysed in this process: a few MB take
+#: less time than starting workers (a fork server and its imports: ~1 s from a parent
+#: with threads), so the default only spreads work that is worth it.
+SMALL_JOB_BYTES = 8 << 20
+
+
+def default_workers(sources: Sequence[str]) -> int:
+    """One per core, at most one per file; one for a small job of local files."""
+    local = [Path(s) for s in sources if "://" not in str(s)]
+    if len(local) == len(sources) and sum(_size(p) for p in local) < SMALL_JOB_BYTES:
+        return 1
+    return max(1, min(os.cpu_count() or 1, len(sources)))
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0  # its worker says what is wrong with it
 
 
 Progress = Callable[[int, int], None]  # (ranks done, ranks in all)
@@ -77,7 +94,7 @@ def map_ranks(
     ``progress(done, total)`` after each rank (local work; a Ray cluster answers at once).
     """
     several = len(sources) > 1
-    workers = default_workers(len(sources)) if workers is None else max(1, workers)
+    workers = default_workers(sources) if workers is None else max(1, workers)
     if ray_address:  # a task runs in the cluster's working folder: local paths in full
         sources = [s if "://" in str(s) else str(Path(s).resolve()) for s in sources]
     calls = [(str(s), i, several, False) for i, s in enumerate(sources)]

@@ -125,9 +125,9 @@ def analyze_trace(
     """Load the trace(s) and run every analysis. Raises TraceError for unreadable input.
 
     Each file (one per rank) is analysed on its own, side by side (``report.ranks``:
-    ``workers`` local processes, default one per core and at most one per file, 1 for
-    this process; ``ray_address``: a Ray cluster's tasks instead), and the ranks' parts
-    are merged (``report.merge``). ``calibration_home``: the stepscope home whose
+    ``workers`` local processes, by default one per core and at most one per file, none
+    for a job of a few MB; 1: this process; ``ray_address``: a Ray cluster's tasks
+    instead), and the ranks' parts are merged (``report.merge``). ``calibration_home``: the stepscope home whose
     ``stepscope calibrate`` results give a CPU-only trace its roofs (None: no CPU roofs;
     a GPU trace uses the peak table). ``progress(done, total)``: after each rank.
     """

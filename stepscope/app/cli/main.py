@@ -110,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers",
         type=int,
         metavar="N",
-        help="analyse the ranks in N processes (default: one per core, at most one per trace)",
+        help="analyse the ranks in N processes (default: one per core, at most one per "
+        "trace; 1 for a job of a few MB)",
     )
     analyze.add_argument(
         "--ray",
