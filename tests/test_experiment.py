@@ -289,8 +289,13 @@ def test_background_experiment_reports_progress_through_the_store(recorded) -> N
     assert row["status"] == "completed", row["error"]
     assert "trial_start" in events  # seen while it ran
     assert row["progress"]["done"] == row["progress"]["total"] == 2
-    assert row["result"]["best"]["fixes"] == ["fused_optimizer"]
-    assert row["result"]["best"]["confirmed"] is False  # the one candidate is the kept set
+    # which set is best is the measurement's (one trial of 8 steps, on a machine under any
+    # load), not this test's: the store holds the decision either way, the one candidate
+    # or none (CI once measured no gain here)
+    best = row["result"]["best"]
+    assert best["fixes"] in ([], ["fused_optimizer"])
+    if best["fixes"]:
+        assert best["confirmed"] is False  # the one candidate is the kept set
     assert (home / "experiments" / f"{experiment_id}.log").exists()
 
 
