@@ -29,13 +29,8 @@ from traces import (
     trace_path,
 )
 
-from stepscope.analyzers.hardware.flops import (
-    FORMULAS,
-    NORM_FLOPS_PER_ELEMENT,
-    flops_per_step,
-    flops_summary,
-    operator_flops,
-)
+from stepscope.analyzers.hardware.flop_formulas import FORMULAS, NORM_FLOPS_PER_ELEMENT
+from stepscope.analyzers.hardware.flops import flops_per_step, flops_summary, operator_flops
 from stepscope.analyzers.trace import flop_ops
 from stepscope.analyzers.trace.load import Trace, load_trace
 

@@ -75,39 +75,40 @@ def _denominator(ops: pd.DataFrame) -> int:
     return max(int(ops["self_ns"].sum()), 1)
 
 
+def _summed(
+    frames: list[pd.DataFrame | None], keys: list[str], sums: list[str]
+) -> tuple[pd.DataFrame | None, bool]:
+    """Per-name tables of several ranks summed by ``keys`` (True: a sum was made); one
+    rank's table, an empty one, or None when any rank's section failed, as they are."""
+    if any(f is None for f in frames):
+        return None, False
+    kept = [f for f in frames if len(f)]
+    if len(frames) == 1 or not kept:
+        return frames[0], False
+    both = pd.concat(kept, ignore_index=True)
+    return both.groupby(keys, sort=False)[sums].sum().reset_index(), True
+
+
 def _ops(parts: Sequence[RankPart]) -> pd.DataFrame | None:
     frames = [p.ops for p in parts]
-    if any(f is None for f in frames):
-        return None
-    if len(frames) == 1:
-        return frames[0]
-    cols = list(frames[0].columns)
+    out, summed = _summed(frames, ["name"], ["count", "self_ns", "total_ns"])
+    if not summed:
+        return out
     total = sum(_denominator(f) for f in frames if len(f))
-    kept = [f for f in frames if len(f)]
-    if not kept:
-        return frames[0]
-    both = pd.concat(kept, ignore_index=True)
-    out = both.groupby("name", sort=False)[["count", "self_ns", "total_ns"]].sum().reset_index()
     out["mean_self_ns"] = out["self_ns"] / out["count"]
     out["share"] = out["self_ns"] / max(total, 1)
     out = out.sort_values(["self_ns", "name"], ascending=[False, True], ignore_index=True)
-    return out[cols]
+    return out[list(frames[0].columns)]
 
 
 def _syncs(parts: Sequence[RankPart]) -> pd.DataFrame | None:
     frames = [p.syncs for p in parts]
-    if any(f is None for f in frames):
-        return None
-    if len(frames) == 1:
-        return frames[0]
-    cols = list(frames[0].columns)
-    kept = [f for f in frames if len(f)]
-    if not kept:
-        return frames[0]
-    both = pd.concat(kept, ignore_index=True)
-    out = both.groupby(["call", "op"], sort=False)[["count", "total_ns"]].sum().reset_index()
+    out, summed = _summed(frames, ["call", "op"], ["count", "total_ns"])
+    if not summed:
+        return out
     order = ["total_ns", "call", "op"]
-    return out.sort_values(order, ascending=[False, True, True], ignore_index=True)[cols]
+    out = out.sort_values(order, ascending=[False, True, True], ignore_index=True)
+    return out[list(frames[0].columns)]
 
 
 def _memory(parts: Sequence[RankPart]) -> dict | None:

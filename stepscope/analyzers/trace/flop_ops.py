@@ -2,7 +2,7 @@
 
 The loader (``load.py``) must know which operators' shapes to keep from its one parse,
 and it sits below ``hardware/`` in the layers, so the names live here;
-``hardware.flops.FORMULAS`` gives each of them its formula (built from these lists), and
+``hardware.flop_formulas.FORMULAS`` gives each of them its formula (built from these lists), and
 tests/test_flops.py checks that both name the same set.
 """
 
@@ -36,7 +36,7 @@ def _aten(names: Iterable[str]) -> list[str]:
     return [f"aten::{n}" for n in names]
 
 
-#: Every operator with a FLOP/byte formula (``hardware.flops.FORMULAS`` has these keys).
+#: Every operator with a FLOP/byte formula (``hardware.flop_formulas.FORMULAS`` has these keys).
 FLOP_OPERATORS = frozenset(
     _aten(OTHER_FLOP_OPS + SDPA_OPS + NORM_OPS + NORM_BACKWARD_OPS + SOFTMAX_OPS)
     + _aten(f"{n}_backward" for n in SDPA_OPS)
