@@ -319,17 +319,19 @@ def check(
     max_slowdown: float | str = DEFAULT_MAX_SLOWDOWN,
     home: PathLike | None = None,
     operators: bool = True,
+    runs: int = 1,
 ) -> CheckResult:
     """Is ``run`` measurably slower than ``against`` (its baseline)? What `stepscope check`
     decides, for a notebook or a script that gates on it: ``result.passed``,
     ``result.exit_code`` (0 pass, 1 slower, 2 cannot compare), ``result.figures`` (each
     with its interval), ``result.operators`` (a DataFrame of the operators that
     regressed, or None). Runs as the CLI takes them: ids, names, tags, 'last'.
-    ``max_slowdown``: 0.05 or "5%". Raises ``RunNotFound`` for an unknown run or tag.
+    ``max_slowdown``: 0.05 or "5%"; ``runs``: judge over each side's newest ``runs`` runs
+    of its name, ending at the named one. Raises ``RunNotFound`` for an unknown run or tag.
     """
     refs = [r.id if isinstance(r, Run) else r for r in (run, against)]
     with RunStore(home) as store:
-        return check_runs(store, refs[0], refs[1], max_slowdown, operators=operators)
+        return check_runs(store, refs[0], refs[1], max_slowdown, operators=operators, runs=runs)
 
 
 def diff(

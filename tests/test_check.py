@@ -18,14 +18,17 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import numpy as np
 import pytest
 from dashboard_helpers import stepscope
 from recordings import JOBS, pause_40
+from scipy.stats import ttest_ind
 
 import stepscope as api
 from stepscope.app.cli.main import main
 from stepscope.collectors.launcher import launch_run
-from stepscope.optim_runner.perf_check import parse_slowdown
+from stepscope.optim_runner.over_runs import interval_over_runs
+from stepscope.optim_runner.perf_check import NO_SLOWDOWN, SLOWER, check_runs, parse_slowdown
 from stepscope.store import RunNotFound, RunStore
 
 PAUSE = [sys.executable, str(JOBS / "pause.py"), "--steps", "40"]  # as pause_40 records it
@@ -42,6 +45,7 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     the same job with 3x the work per step ("slow"); inference and generation pairs."""
     home, _ = pause_40(tmp_path_factory, "check")
     _record(home, "pause-again", PAUSE)
+    _record(home, "pause-again", PAUSE)  # two of the same name: a check over runs
     _record(home, "slow", [*PAUSE, "--compute-ms", "30"])
     infer = [sys.executable, str(JOBS / "infer.py"), "--calls", "30", "--sleep"]
     _record(home, "infer", [*infer, "0.005"])
@@ -77,6 +81,41 @@ def test_slower_job_fails_naming_the_figure(home: Path, capsys: pytest.CaptureFi
     assert "slower" in row
     # the busy-wait is in the loop, outside every module: its phase is what regressed
     assert "what regressed in run" in out and "phase" in out
+
+
+def test_runs_judges_over_each_names_newest_runs(home: Path) -> None:
+    """--runs 2: the two "pause-again" runs against the one "pause", an interval over
+    runs (wide on three runs: a pass); a side with fewer runs than asked says so."""
+    with RunStore(home) as store:
+        again = store.runs().query("name == 'pause-again'")["id"].sort_values(ascending=False)
+        result = check_runs(store, "pause-again", "pause", runs=2)
+        short = check_runs(store, "slow", "pause", runs=3)
+    assert result.run_ids == tuple(int(i) for i in again) and len(result.baseline_ids) == 1
+    assert result.verdict == NO_SLOWDOWN, result.why
+    (figure,) = result.figures
+    assert figure.ci.method == "t over runs" and (figure.ci.n_baseline, figure.ci.n_candidate) == (
+        1,
+        2,
+    )
+    assert any("intervals over 1 baseline run(s)" in n for n in result.notes)
+    assert result.to_json()["run"]["runs"] == list(result.run_ids)
+    # one run of each name: judged over steps as without --runs, and told
+    assert short.verdict == SLOWER and short.figures[0].ci.method != "t over runs"
+    assert any("asked for 3 runs of each side: found 1" in n for n in short.notes)
+    code = main(["--home", str(home), "check", "slow", "--against", "pause", "--runs", "0"])
+    assert code == 2
+
+
+def test_interval_over_runs_is_students_t_on_the_logs() -> None:
+    base, run = [1.0, 1.02, 0.98], [1.10, 1.13, 1.08]  # times per unit: the run is slower
+    ci = interval_over_runs(base, run)
+    assert ci.verdict == "slower" and ci.lo < ci.ratio < ci.hi < 1.0
+    assert ci.ratio == pytest.approx(np.exp(np.mean(np.log(base)) - np.mean(np.log(run))))
+    p = ttest_ind(np.log(base), np.log(run)).pvalue  # the same test, as scipy runs it
+    assert p < 0.05
+    same = interval_over_runs([1.0, 1.05], [1.02])
+    assert same.lo < 1.0 < same.hi and ttest_ind(np.log([1.0, 1.05]), np.log([1.02])).pvalue > 0.05
+    assert interval_over_runs([1.0], [1.1]) is None  # two runs: no spread to judge by
 
 
 def test_exit_codes_of_the_command(home: Path) -> None:

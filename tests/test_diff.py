@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -23,6 +25,9 @@ from stepscope.analyzers.report.op_diff import (
     phase_calls,
 )
 from stepscope.analyzers.report.run_diff_ops import diff_runs, diff_traces
+from stepscope.optim_runner.added_work import added_work, beyond
+from stepscope.optim_runner.perf_check import NO_SLOWDOWN, _with_added_work, check_runs
+from stepscope.optim_runner.perf_check import SLOWER as CHECK_SLOWER
 from stepscope.store import RunStore
 from tests.traces import trace_path
 
@@ -117,6 +122,83 @@ def test_an_extra_matmul_is_named_among_the_biggest_changes(two_runs) -> None:
     assert top.loc["aten::mm", "b_calls"] == top.loc["aten::mm", "a_calls"] + 3
     phases = d.categories[d.categories["kind"] == "phase"]
     assert set(phases["name"]) >= {"forward", "backward", "optimizer step"}
+
+
+def test_check_fails_a_run_that_calls_an_operator_more_often(two_runs) -> None:
+    """The added matmuls are more work per step: the check names them, with their
+    shapes, whatever the machine's speed did to the step times."""
+    home, a, b = two_runs
+    with RunStore(home) as store:
+        result = check_runs(store, b, a)
+        same = check_runs(store, a, a)
+    assert result.verdict == CHECK_SLOWER
+    work = {w.name: w for w in result.added_work}
+    mm = work["aten::mm (256x256, 256x256)"]  # the job's extra matmuls, by their shapes
+    assert (mm.kind, mm.extra_calls) == ("operator", 3.0) and 0 < mm.least_ns <= mm.added_ns
+    assert "aten::mm (256x256, 256x256) is called 3 more times per step" in mm.describe()
+    assert "more work per step" in result.why or any("more work" in n for n in result.notes)
+    assert mm.name in {w["name"] for w in result.to_json()["added_work"]}
+    assert same.added_work == () and same.verdict != CHECK_SLOWER
+
+
+def _diff(a: list[tuple], b: list[tuple], windows: int = 2, step_ns: float = 1e7) -> Any:
+    """A RunDiff's fields that ``added_work`` reads: calls (name, args, time_ns) of each
+    side over ``windows`` steps, and the ops table that says which names gained calls."""
+
+    def calls(rows: list[tuple]) -> pd.DataFrame:
+        df = pd.DataFrame(rows, columns=["name", "args", "time_ns"])
+        return df.assign(kind="operator", rank=0, step=0)
+
+    ca, cb = calls(a), calls(b)
+    na, nb = ca.groupby("name").size() / windows, cb.groupby("name").size() / windows
+    names = sorted(set(na.index) | set(nb.index))
+    ops = pd.DataFrame(
+        {
+            "kind": "operator",
+            "name": names,
+            "a_calls": na.reindex(names, fill_value=0).to_numpy(),
+            "b_calls": nb.reindex(names, fill_value=0).to_numpy(),
+        }
+    )
+    return SimpleNamespace(
+        ops=ops, calls_a=ca, calls_b=cb, windows_a=windows, windows_b=windows,
+        timed_step_ns_a=step_ns, step_ns_a=2 * step_ns,
+    )  # fmt: skip
+
+
+SMALL, BIG = b"[[[64,384],[384,384]]]", b"[[[160,384],[384,384]]]"
+
+
+def test_added_work_is_the_new_calls_own_time_not_the_names() -> None:
+    # two steps: A calls mm on small inputs twice a step, B also once on big ones; addmm
+    # is slower per call in B (the machine can do that) but called as often
+    a = [("aten::mm", SMALL, 100_000)] * 4 + [("aten::addmm", None, 50_000)] * 2
+    b = [("aten::mm", SMALL, 150_000)] * 4 + [("aten::mm", BIG, 400_000)] * 2
+    b += [("aten::addmm", None, 90_000)] * 2 + [("aten::copy_", None, 1_000)] * 2
+    work = added_work(_diff(a, b))
+    assert [w.name for w in work] == ["aten::mm (160x384, 384x384)", "aten::copy_"]
+    big = work[0]
+    assert big.extra_calls == 1.0 and big.added_ns == big.least_ns == 400_000
+    assert big.step_ns == 1e7 and big.share == pytest.approx(0.04)  # of the timed step
+    assert beyond(work, 0.03) == [big] and beyond(work, 0.05) == []
+
+
+def test_added_work_needs_both_traces_and_a_step() -> None:
+    d = _diff([("aten::mm", None, 1)], [("aten::mm", None, 1)] * 3)
+    assert [w.name for w in added_work(d)] == ["aten::mm"]  # no shapes: by name
+    assert added_work(SimpleNamespace(**{**vars(d), "calls_a": None})) == []
+    no_step = SimpleNamespace(**{**vars(d), "timed_step_ns_a": np.nan, "step_ns_a": np.nan})
+    assert added_work(no_step) == []
+
+
+def test_added_work_upgrades_only_a_run_not_measurably_slower() -> None:
+    (mm,) = added_work(_diff([], [("aten::mm", BIG, 2e6)] * 2))
+    verdict, why, notes = _with_added_work(NO_SLOWDOWN, "throughput 0.97x", [mm], 0.05)
+    assert verdict == CHECK_SLOWER and why.startswith("more work per step: aten::mm")
+    assert "more than the 5 % allowed (figures: throughput 0.97x)" in why
+    assert not notes
+    assert _with_added_work("faster", "1.2x", [mm], 0.05)[:2] == ("faster", "1.2x")
+    assert _with_added_work(NO_SLOWDOWN, "same", [], 0.05) == (NO_SLOWDOWN, "same", [])
 
 
 def test_cli_diff_prints_json_and_bad_input_is_one_line_exit_2(two_runs) -> None:

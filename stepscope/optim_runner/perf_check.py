@@ -26,12 +26,15 @@ Decisions, and why:
   the operators and kernels measured slower or new in the run, largest change first;
   where none did (no trace), its categories and step phases. They explain a verdict,
   they do not make it: a diff that fails leaves a note, and the verdict stands.
+* **More work per step** is the exception (``added_work.py``): an operator the run calls
+  more often per step, whose extra time alone is beyond the allowed slowdown even at
+  its interval's optimistic end, makes a run that its figures could not tell apart
+  slower; a run measurably faster stays faster, with a note.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -39,132 +42,24 @@ import pandas as pd
 
 from stepscope.analyzers.report.run_diff_ops import diff_runs
 from stepscope.analyzers.steps.generation import is_generation
+from stepscope.optim_runner.added_work import AddedWork, added_work, beyond
+from stepscope.optim_runner.check_result import (
+    CANNOT_COMPARE,
+    DEFAULT_MAX_SLOWDOWN,
+    FASTER,
+    NO_SLOWDOWN,
+    SLOWER,
+    CheckResult,
+    Figure,
+    parse_slowdown,
+)
+from stepscope.optim_runner.over_runs import interval_over_runs, replicate_ids, run_value
 from stepscope.optim_runner.speed import compare_speed
 from stepscope.optim_runner.stats import SpeedupCI, sec_per_sample, timed_step_times
 from stepscope.optim_runner.verdict import tokens_as_samples
 
-DEFAULT_MAX_SLOWDOWN = 0.05
-
-SLOWER = "slower"
-FASTER = "faster"
-NO_SLOWDOWN = "no measurable slowdown"
-CANNOT_COMPARE = "cannot compare"
-EXIT_CODES = {NO_SLOWDOWN: 0, FASTER: 0, SLOWER: 1, CANNOT_COMPARE: 2}
-
 REGRESSED_STATUSES = ("slower", "new")
 TOP_OPERATORS = 5
-
-_SLOWDOWN = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(%?)\s*$")
-
-
-def parse_slowdown(text: str | float) -> float:
-    """``"5%"``, ``"5 %"`` or ``"0.05"`` as the fraction 0.05; ValueError in one line.
-
-    A bare number of 1 or more is refused rather than read as a percentage: "5" could
-    mean 5 % or 500 %, and a gate that guesses wrong passes everything.
-    """
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        value, percent = float(text), False
-    else:
-        match = _SLOWDOWN.match(str(text))
-        if match is None:
-            raise ValueError(f"max slowdown {text!r}: write a percentage (5%) or a fraction (0.05)")
-        value, percent = float(match.group(1)), bool(match.group(2))
-    if percent:
-        value /= 100.0
-    elif value >= 1:
-        raise ValueError(
-            f"max slowdown {text!r}: a fraction below 1 (0.05) or a percentage ({value:g}%)"
-        )
-    if not np.isfinite(value) or value < 0:
-        raise ValueError(f"max slowdown {text!r}: must be 0 or more")
-    return value
-
-
-@dataclass(frozen=True)
-class Figure:
-    """One compared figure: its value in each run and the run's speed against the
-    baseline (``ci.ratio`` > 1: the run is faster), with the figure's verdict."""
-
-    name: str  # 'throughput', 'median step time', 'p50 latency', 'p99 latency', 'tokens/s'
-    unit: str  # what ``baseline``/``run`` are in: 'samples/s', 'tokens/s' or 's'
-    baseline: float | None
-    run: float | None
-    ci: SpeedupCI
-    verdict: str = ""  # set by ``check_runs`` against the allowed slowdown
-
-    @property
-    def slowdown(self) -> tuple[float, float, float]:
-        """Extra time per unit of work (0.10: 10 % more): the estimate, and its interval
-        from the optimistic end (the least slowdown the data allow) to the pessimistic."""
-        return 1.0 / self.ci.ratio - 1.0, 1.0 / self.ci.hi - 1.0, 1.0 / self.ci.lo - 1.0
-
-    def to_json(self) -> dict[str, Any]:
-        estimate, least, most = self.slowdown
-        return {
-            "name": self.name,
-            "unit": self.unit,
-            "baseline": self.baseline,
-            "run": self.run,
-            "speed_ratio": self.ci.ratio,
-            "ci": [self.ci.lo, self.ci.hi],
-            "slowdown": estimate,
-            "slowdown_ci": [least, most],
-            "n": [self.ci.n_baseline, self.ci.n_candidate],
-            "verdict": self.verdict,
-        }
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    """``run`` against ``baseline``: the verdict, its one-line reason, the figures it
-    rests on, the operators that regressed (rows of the operator diff; None where it
-    could not be made) and notes (runs of different commands, a failed run, ...)."""
-
-    verdict: str
-    why: str
-    run_id: int
-    baseline_id: int
-    run_name: str
-    baseline_name: str
-    max_slowdown: float
-    baseline_tag: str | None = None  # the tag the baseline was named by, if any
-    figures: tuple[Figure, ...] = ()
-    operators: pd.DataFrame | None = None
-    notes: tuple[str, ...] = field(default_factory=tuple)
-
-    @property
-    def exit_code(self) -> int:
-        """0: not measurably slower (or faster); 1: slower; 2: cannot compare."""
-        return EXIT_CODES[self.verdict]
-
-    @property
-    def passed(self) -> bool:
-        return self.exit_code == 0
-
-    def to_json(self) -> dict[str, Any]:
-        ops = None
-        if self.operators is not None:
-            clean = self.operators.astype(object).where(self.operators.notna(), None)
-            ops = clean.to_dict("records")
-        return {
-            "verdict": self.verdict,
-            "exit_code": self.exit_code,
-            "why": self.why,
-            "run": {"id": self.run_id, "name": self.run_name},
-            "baseline": {
-                "id": self.baseline_id,
-                "name": self.baseline_name,
-                "tag": self.baseline_tag,
-            },
-            "max_slowdown": self.max_slowdown,
-            "figures": [f.to_json() for f in self.figures],
-            "operators": ops,
-            "notes": list(self.notes),
-        }
-
-    def __repr__(self) -> str:
-        return f"stepscope.CheckResult run {self.run_id} vs {self.baseline_id}: {self.why}"
 
 
 def check_runs(
@@ -173,18 +68,33 @@ def check_runs(
     baseline: int | str,
     max_slowdown: float | str = DEFAULT_MAX_SLOWDOWN,
     operators: bool = True,
+    runs: int = 1,
 ) -> CheckResult:
     """Is ``run`` measurably slower than ``baseline`` (ids, names, tags or 'last')?
 
     Raises ``RunNotFound`` for a run or tag the store lacks, ValueError for a bad
     ``max_slowdown``. ``operators=False`` leaves the operator diff out (it reads traces).
+    ``runs``: judge over the newest ``runs`` runs of each side's name, ending at the
+    named one (``over_runs.py``); the operator diff stays between the two named runs.
     """
+    if runs < 1:
+        raise ValueError(f"runs {runs}: at least 1 run of each side")
     allowed = parse_slowdown(max_slowdown)
     base_id, run_id = store.resolve_run(baseline), store.resolve_run(run)
     base_row, run_row = store.run(base_id), store.run(run_id)
     typed = str(baseline).strip()
     tag = typed if store.tag(typed) == base_id else None  # named by its tag: say so
     figures, problem, notes = _figures(store, base_id, run_id)
+    base_ids, run_ids = replicate_ids(store, base_id, runs), replicate_ids(store, run_id, runs)
+    if problem is None and len(base_ids) + len(run_ids) >= 3:
+        figures, more = _over_runs(store, figures, base_ids, run_ids)
+        notes += more
+    if runs > 1 and min(len(base_ids), len(run_ids)) < runs:
+        notes.append(
+            f"asked for {runs} runs of each side: found {len(base_ids)} named "
+            f"{base_row['name']!r} up to run {base_id} and {len(run_ids)} named "
+            f"{run_row['name']!r} up to run {run_id}"
+        )
     notes += _run_notes(base_row, run_row)
     result = {
         "run_id": run_id,
@@ -193,16 +103,39 @@ def check_runs(
         "baseline_name": str(base_row["name"]),
         "max_slowdown": allowed,
         "baseline_tag": tag,
+        "baseline_ids": tuple(base_ids),
+        "run_ids": tuple(run_ids),
     }
     if problem is not None:
         return CheckResult(CANNOT_COMPARE, problem, notes=tuple(notes), **result)
     judged = tuple(replace(f, verdict=figure_verdict(f.ci, allowed)) for f in figures)
     verdict, why = _overall(judged, allowed)
-    ops = None
+    ops, work = None, ()
     if operators:
-        ops, more = regressed_operators(store, base_id, run_id)
+        diff, more = _operator_diff(store, base_id, run_id)
         notes += more
-    return CheckResult(verdict, why, figures=judged, operators=ops, notes=tuple(notes), **result)
+        if diff is not None:
+            ops = regressed_operators(diff)
+            work = tuple(added_work(diff))
+            verdict, why, more = _with_added_work(
+                verdict, why, beyond(list(work), allowed), allowed
+            )
+            notes += more
+    return CheckResult(
+        verdict, why, figures=judged, operators=ops, notes=tuple(notes), added_work=work, **result
+    )
+
+
+def _with_added_work(
+    verdict: str, why: str, work: list[AddedWork], allowed: float
+) -> tuple[str, str, list[str]]:
+    """The verdict once the added work beyond the allowed slowdown is known."""
+    if not work:
+        return verdict, why, []
+    said = "more work per step: " + "; ".join(w.describe() for w in work[:3])
+    if verdict == NO_SLOWDOWN:
+        return SLOWER, f"{said}: more than the {allowed * 100:g} % allowed (figures: {why})", []
+    return verdict, why, [said]
 
 
 def figure_verdict(ci: SpeedupCI, max_slowdown: float) -> str:
@@ -287,6 +220,41 @@ def _figures(store: Any, base_id: int, run_id: int) -> tuple[list[Figure], str |
     return figures, None, notes
 
 
+def _over_runs(
+    store: Any, figures: list[Figure], base_ids: list[int], run_ids: list[int]
+) -> tuple[list[Figure], list[str]]:
+    """The figures with their intervals over the runs of each side, not over steps."""
+    base_steps = [_judged_steps(store, i) for i in base_ids]
+    run_steps = [_judged_steps(store, i) for i in run_ids]
+    out, left = [], []
+    for f in figures:
+        base = [v for v in (run_value(f.name, st) for st in base_steps) if v is not None]
+        run = [v for v in (run_value(f.name, st) for st in run_steps) if v is not None]
+        ci = interval_over_runs(base, run)
+        if ci is None:
+            left.append(f.name)
+        out.append(f if ci is None else replace(f, ci=ci))
+    notes = [
+        f"intervals over {len(base_ids)} baseline run(s) ({_ids(base_ids)}) and "
+        f"{len(run_ids)} run(s) ({_ids(run_ids)}): they cover run-to-run spread"
+    ]
+    if left:
+        notes.append(
+            f"over the named runs' steps only (a run could not give it): {', '.join(left)}"
+        )
+    return out, notes
+
+
+def _ids(ids: list[int]) -> str:
+    return ", ".join(str(i) for i in ids)
+
+
+def _judged_steps(store: Any, run_id: int) -> pd.DataFrame:
+    """A run's steps as the check judges them (a generation run's, counted in tokens)."""
+    steps = store.steps(run_id)
+    return tokens_as_samples(steps, store.requests(run_id)) if is_generation(steps) else steps
+
+
 def _percentile(name: str) -> Any:
     q = float(name.lstrip("p"))
     return lambda values: np.percentile(values, q)
@@ -321,28 +289,32 @@ def _run_notes(base: dict[str, Any], run: dict[str, Any]) -> list[str]:
     return notes
 
 
-def regressed_operators(
-    store: Any, base_id: int, run_id: int, top: int = TOP_OPERATORS
-) -> tuple[pd.DataFrame | None, list[str]]:
-    """What the run spends more on: the diff's operators and kernels slower or new in
-    it, largest change first (at most ``top``); where it has none (no trace, or none
-    regressed), its categories and step phases (data wait, forward, ...), so a run
-    recorded without a trace still says where its time went. None, with a note, where
-    no diff could be made; the diff's own warnings come as notes."""
+def _operator_diff(store: Any, base_id: int, run_id: int) -> tuple[Any, list[str]]:
+    """The operator diff of the two runs (None, with a note, where it could not be
+    made), with its own warnings as notes."""
     try:
         diff = diff_runs(store, base_id, run_id)
     except Exception as exc:  # noqa: BLE001  the verdict stands without its explanation
         return None, [f"operators: not listed ({type(exc).__name__}: {exc})"]
     # the check says itself when the commands differ (with or without operators)
-    notes = [f"operators: {w}" for w in diff.warnings if not w.startswith("different commands")]
+    return diff, [
+        f"operators: {w}" for w in diff.warnings if not w.startswith("different commands")
+    ]
+
+
+def regressed_operators(diff: Any, top: int = TOP_OPERATORS) -> pd.DataFrame | None:
+    """What the run spends more on: the diff's operators and kernels slower or new in
+    it, largest change first (at most ``top``); where it has none (no trace, or none
+    regressed), its categories and step phases (data wait, forward, ...), so a run
+    recorded without a trace still says where its time went. None: nothing to list."""
     frames = [df for df in (diff.ops, diff.categories) if df is not None and not df.empty]
     if not frames:
-        return None, notes
+        return None
     for df in frames:
         regressed = df[df["status"].isin(REGRESSED_STATUSES)]
         if not regressed.empty:
-            return regressed.head(top).reset_index(drop=True), notes
-    return frames[0].iloc[0:0].reset_index(drop=True), notes
+            return regressed.head(top).reset_index(drop=True)
+    return frames[0].iloc[0:0].reset_index(drop=True)
 
 
 __all__ = [

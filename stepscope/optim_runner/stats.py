@@ -24,6 +24,7 @@ from stepscope.analyzers.steps.step_stats import timed_steps
 
 __all__ = [
     "SpeedupCI",
+    "judged_ratio",
     "sec_per_sample",
     "speedup_ci",
     "timed_step_times",
@@ -138,22 +139,15 @@ def speedup_ci(
         )
         lo = float(res.confidence_interval.low)
         hi = float(res.confidence_interval.high)
-    if lo > 1.0:
-        verdict = FASTER
-    elif hi < 1.0:
-        verdict = SLOWER
-    else:
-        verdict = NO_CHANGE
-    return SpeedupCI(
-        ratio=ratio,
-        lo=lo,
-        hi=hi,
-        confidence=confidence,
-        verdict=verdict,
-        n_baseline=int(base.size),
-        n_candidate=int(cand.size),
-        method=method,
-    )
+    return judged_ratio(ratio, lo, hi, confidence, int(base.size), int(cand.size), method)
+
+
+def judged_ratio(
+    ratio: float, lo: float, hi: float, confidence: float, n_a: int, n_b: int, method: str
+) -> SpeedupCI:
+    """A speed ratio with its interval, and the verdict the interval gives."""
+    verdict = FASTER if lo > 1.0 else SLOWER if hi < 1.0 else NO_CHANGE
+    return SpeedupCI(ratio, lo, hi, confidence, verdict, n_a, n_b, method)
 
 
 def timed_step_times(steps: pd.DataFrame, warmup: int | None = None) -> np.ndarray:

@@ -37,6 +37,14 @@ class RunDiff:
     step_ns_a: float  # A's mean step: the scale of the changes
     step_ns_b: float
     warnings: list[str] = field(default_factory=list)
+    # each side's operator and kernel calls (``op_steps.op_calls`` with their ``args``)
+    # and how many steps they are over, for what needs single calls
+    # (``optim_runner/added_work.py``); not in the JSON
+    calls_a: pd.DataFrame | None = None
+    calls_b: pd.DataFrame | None = None
+    windows_a: int = 0
+    windows_b: int = 0
+    timed_step_ns_a: float = float("nan")  # A's mean step by the step timer (no profiler)
 
     def to_json(self) -> dict[str, Any]:
         def records(df: pd.DataFrame) -> list[dict[str, Any]]:
@@ -65,7 +73,7 @@ class _Side:
 def _trace_calls(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, float]:
     """Calls, windows, breakdown-category 'calls' (one per step) and the mean step (ns)."""
     steps = adjusted_steps(trace)
-    calls, windows = op_calls(trace, steps), step_windows(steps)
+    calls, windows = _with_signatures(op_calls(trace, steps), trace), step_windows(steps)
     per_step = step_breakdown(trace, steps)
     per_step = per_step[per_step["step"] >= 0]
     cats = [
@@ -77,6 +85,19 @@ def _trace_calls(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame
     cat_calls = cat_calls[cat_calls["time_ns"] > 0]
     mean = float(per_step["duration"].mean()) if len(per_step) else 0.0
     return calls, windows, cat_calls, mean
+
+
+def _with_signatures(calls: pd.DataFrame, trace: Trace) -> pd.DataFrame:
+    """Calls with ``args``: the JSON bytes of their input shapes and types where the
+    loader kept them (the FLOP operators), else None; one name's calls of another shape
+    are other work (``optim_runner/added_work.py``)."""
+    args = trace.op_args
+    if args is None or args.empty:
+        return calls.assign(args=None)
+    by_event = pd.Series(args["args"].to_numpy(), index=args["row"].to_numpy())
+    by_event = by_event[~by_event.index.duplicated()]
+    found = by_event.reindex(calls["event"].to_numpy()).to_numpy()
+    return calls.assign(args=np.where(calls["kind"].to_numpy() == "operator", found, None))
 
 
 def _phases(steps: pd.DataFrame | None) -> tuple[pd.DataFrame, pd.DataFrame, float] | None:
@@ -91,8 +112,8 @@ def _diff(a: _Side, b: _Side) -> RunDiff:
     warnings: list[str] = []
     if a.command and b.command and a.command != b.command:
         warnings.append(f"different commands: {a.label} ran {a.command!r}, {b.label} {b.command!r}")
-    ops = categories = None
-    step_a = step_b = np.nan
+    ops = categories = ca = cb = wa = wb = None
+    step_a = step_b = timed_a = np.nan
     frames = []
     if a.trace is not None and b.trace is not None:
         ca, wa, cat_a, step_a = _trace_calls(a.trace)
@@ -108,6 +129,7 @@ def _diff(a: _Side, b: _Side) -> RunDiff:
     pa, pb = _phases(a.steps), _phases(b.steps)
     if pa is not None and pb is not None:
         frames.append(diff_calls(pa[0], pa[1], pb[0], pb[1], pa[2]))
+        timed_a = pa[2]
         step_a = step_a if np.isfinite(step_a) else pa[2]
         step_b = step_b if np.isfinite(step_b) else pb[2]
     elif a.steps is not None or b.steps is not None:
@@ -122,6 +144,11 @@ def _diff(a: _Side, b: _Side) -> RunDiff:
         step_ns_a=float(step_a),
         step_ns_b=float(step_b),
         warnings=warnings,
+        calls_a=ca,
+        calls_b=cb,
+        windows_a=0 if wa is None else len(wa),
+        windows_b=0 if wb is None else len(wb),
+        timed_step_ns_a=float(timed_a),
     )
 
 

@@ -18,7 +18,7 @@ from stepscope.analyzers.trace.breakdown import adjusted_steps, cat_mask, name_m
 from stepscope.analyzers.trace.kernels import HOST_TREE_CATS, _self_times
 from stepscope.analyzers.trace.load import Trace
 
-COLUMNS = ["rank", "step", "kind", "name", "time_ns"]
+COLUMNS = ["rank", "step", "kind", "name", "time_ns", "event"]
 DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
@@ -36,7 +36,12 @@ def _in_steps(rank: np.ndarray, ts: np.ndarray, steps: pd.DataFrame) -> np.ndarr
 
 
 def _calls(
-    kind: str, rank: np.ndarray, step: np.ndarray, names: np.ndarray, time_ns: np.ndarray
+    kind: str,
+    rank: np.ndarray,
+    step: np.ndarray,
+    names: np.ndarray,
+    time_ns: np.ndarray,
+    event: np.ndarray,
 ) -> pd.DataFrame:
     keep = step >= 0
     return pd.DataFrame(
@@ -46,12 +51,14 @@ def _calls(
             "kind": kind,
             "name": names[keep],
             "time_ns": time_ns[keep],
+            "event": event[keep],
         }
     )
 
 
 def op_calls(trace: Trace, steps: pd.DataFrame | None = None) -> pd.DataFrame:
-    """One row per call inside a step: ``rank, step, kind, name, time_ns``.
+    """One row per call inside a step: ``rank, step, kind, name, time_ns, event`` (its
+    row in ``trace.events``, where its args can be found).
 
     ``kind`` is "operator" (self time) or "kernel" (device work); see the module
     docstring for which step an event counts in. ``steps``: ``adjusted_steps(trace)``
@@ -74,14 +81,16 @@ def op_calls(trace: Trace, steps: pd.DataFrame | None = None) -> pd.DataFrame:
         rank, ts = cols[0][ops], cols[3][ops]
         names = ev["name"].to_numpy()[host][ops]
         frames.append(
-            _calls("operator", rank, _in_steps(rank, ts, host_steps), names, self_ns[ops])
+            _calls(
+                "operator", rank, _in_steps(rank, ts, host_steps), names, self_ns[ops], host[ops]
+            )
         )
     dev = np.flatnonzero(cat_mask(ev, DEVICE_WORK))
     if dev.size:
         rank, ts = ev["rank"].to_numpy()[dev], ev["ts"].to_numpy()[dev]
         names = ev["name"].to_numpy()[dev]
         dur = ev["dur"].to_numpy()[dev]
-        frames.append(_calls("kernel", rank, _in_steps(rank, ts, steps), names, dur))
+        frames.append(_calls("kernel", rank, _in_steps(rank, ts, steps), names, dur, dev))
     if not frames:
         return pd.DataFrame({c: [] for c in COLUMNS})
     out = pd.concat(frames, ignore_index=True)

@@ -46,6 +46,7 @@ def cmd_check(
     fmt: str = "text",
     junit: str | None = None,
     operators: bool = True,
+    runs: int = 1,
 ) -> int:
     try:  # before the store is opened: a typo is told at once
         parse_slowdown(max_slowdown)
@@ -54,8 +55,8 @@ def cmd_check(
         return 2
     try:
         with RunStore() as store:
-            result = check_runs(store, run, against, max_slowdown, operators=operators)
-    except (RunNotFound, StoreError) as exc:
+            result = check_runs(store, run, against, max_slowdown, operators=operators, runs=runs)
+    except (RunNotFound, StoreError, ValueError) as exc:
         print(f"stepscope check: {exc}", file=sys.stderr)
         return 2
     if junit is not None:

@@ -326,7 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return cmd_check(
                 args.run, args.against, args.max_slowdown, args.fmt, args.junit,
-                operators=not args.no_operators,
+                operators=not args.no_operators, runs=args.runs,
             )  # fmt: skip
         if args.verb == "tag":
             from stepscope.app.cli.tag import cmd_tag  # local: see above

@@ -34,6 +34,14 @@ def add_regression_verbs(sub: Any) -> None:
     check.add_argument("--format", dest="fmt", choices=("text", "markdown", "json"), default="text")
     check.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report to FILE")
     check.add_argument("--no-operators", action="store_true", help="no operators that regressed")
+    check.add_argument(
+        "--runs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="judge over each side's newest N runs of its name (the named run and the N-1 "
+        "before it): intervals that cover run-to-run spread (default 1)",
+    )
     tag = sub.add_parser("tag", help="name a run: tag RUN NAME (moves it), --list, --delete NAME")
     tag.add_argument("run", nargs="?", help="run id, name, tag, or 'last'")
     tag.add_argument("name", nargs="?", help="the tag, e.g. main-baseline")

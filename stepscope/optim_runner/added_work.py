@@ -1,0 +1,144 @@
+"""More work per step: the evidence of a regression that the machine's speed cannot fake.
+
+``stepscope check`` judges step time with intervals over each run's steps, and those say
+nothing of run-to-run spread: on a shared 2-core VM two runs of one job differ by 3-10 %
+(bench/README.md, "Diff and check"), so a time alone cannot tell a 10 % regression from
+a slow afternoon. The work a step does is another matter. An operator or kernel that the
+run calls more often per step than the baseline did (a matrix multiply added to the
+loop, a synchronisation on every step) is more work on any machine, and its cost is
+measured inside the run alone: the extra calls times the run's own mean call, with a
+bootstrap interval over the run's calls. Against the baseline's step as its step timer
+measured it (no profiler: the slowdown a check allows is of that step), a cost beyond
+the allowed slowdown even at the interval's optimistic end makes the run slower by
+itself. Operators that only got slower per call stay with the step-time figures: their
+change is the one a busy machine imitates.
+
+Why not the operator diff's own interval: it is of the name's whole time per step, run
+minus baseline, and carries the noise of every call of both runs. On a 3-step capture
+of a 3 ms step, the seven matmuls that were there before varied by more than the one
+added (bench/README.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+import pandas as pd
+from scipy import stats
+
+from stepscope.analyzers.report.op_diff import CONFIDENCE, RESAMPLES
+
+#: Calls per step that count as more work: a call every other step, not a window's edge.
+MIN_EXTRA_CALLS = 0.5
+WORK_KINDS = ("operator", "kernel")
+
+
+@dataclass(frozen=True)
+class AddedWork:
+    """One operator or kernel the run calls more often per step than the baseline."""
+
+    kind: str
+    name: str
+    extra_calls: float  # more calls per step in the run
+    added_ns: float  # the extra calls times the run's mean call
+    least_ns: float  # the same with the low end of the mean call's interval
+    step_ns: float  # the baseline's mean step: the scale of the allowed slowdown
+
+    @property
+    def share(self) -> float:
+        """The least extra time, as a share of the baseline's step."""
+        return self.least_ns / self.step_ns
+
+    def describe(self) -> str:
+        calls = f"{self.extra_calls:.1f}".rstrip("0").rstrip(".")
+        return (
+            f"{self.name} is called {calls} more time{'' if calls == '1' else 's'} per step, "
+            f"at least +{self.least_ns / 1e6:.3g} ms ({self.share * 100:.1f} % of the "
+            "baseline's step)"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "extra_calls_per_step": self.extra_calls,
+            "added_ns": self.added_ns,
+            "least_ns": self.least_ns,
+            "share_of_step": self.share,
+        }
+
+
+def added_work(diff: Any) -> list[AddedWork]:
+    """What a ``RunDiff`` says the run calls more often per step (operators and kernels;
+    an operator by its input shapes where the trace has them), with the least it costs,
+    largest first. Empty without traces on both sides or a baseline step."""
+    ops, ca, cb = diff.ops, diff.calls_a, diff.calls_b
+    step = diff.timed_step_ns_a if np.isfinite(diff.timed_step_ns_a) else diff.step_ns_a
+    if ops is None or ops.empty or ca is None or cb is None or not diff.windows_b:
+        return []
+    if not np.isfinite(step) or step <= 0:
+        return []
+    # whatever the diff's status: its interval is the one this module does not trust
+    rows = ops[ops["kind"].isin(WORK_KINDS)]
+    names = set(rows.loc[(rows["b_calls"] - rows["a_calls"]) >= MIN_EXTRA_CALLS, "name"])
+    if not names:
+        return []
+    a, b = _signed(ca, names), _signed(cb, names)
+    per_a = a.groupby(["kind", "name", "sig"]).size() / max(diff.windows_a, 1)
+    per_b = b.groupby(["kind", "name", "sig"]).size() / max(diff.windows_b, 1)
+    extra = per_b.sub(per_a, fill_value=0.0)
+    extra = extra[extra >= MIN_EXTRA_CALLS]
+    times = dict(iter(b.groupby(["kind", "name", "sig"])["time_ns"]))
+    found = []
+    for (kind, name, sig), calls in extra.items():
+        mean, low = _mean_call(times[(kind, name, sig)].to_numpy(dtype=float))
+        label = f"{name} ({sig})" if sig else str(name)
+        found.append(AddedWork(str(kind), label, float(calls), calls * mean, calls * low, step))
+    return sorted(found, key=lambda w: -w.least_ns)
+
+
+def _signed(calls: pd.DataFrame, names: set[str]) -> pd.DataFrame:
+    """The calls of ``names``, each with ``sig``: its input shapes ("160x384, 384x384"),
+    or "" where the trace kept none."""
+    sub = calls[calls["name"].isin(names)]
+    if "args" not in sub:
+        return sub.assign(sig="")
+    return sub.assign(sig=[_shapes(a) for a in sub["args"].to_numpy()])
+
+
+def _shapes(args: bytes | None) -> str:
+    if not args:
+        return ""
+    try:
+        dims = orjson.loads(args)[0]
+    except (orjson.JSONDecodeError, IndexError, TypeError):
+        return ""
+    return ", ".join("x".join(map(str, d)) for d in dims if isinstance(d, list) and d)
+
+
+def _mean_call(times: np.ndarray) -> tuple[float, float]:
+    """A call's mean time and the low end of its 95 % bootstrap interval."""
+    mean = float(times.mean())
+    if times.size < 2 or np.ptp(times) == 0:
+        return mean, mean
+    res = stats.bootstrap(
+        (times,),
+        np.mean,
+        vectorized=True,
+        confidence_level=CONFIDENCE,
+        n_resamples=RESAMPLES,
+        method="percentile",
+        random_state=np.random.default_rng(0),
+    )
+    return mean, float(res.confidence_interval.low)
+
+
+def beyond(work: list[AddedWork], max_slowdown: float) -> list[AddedWork]:
+    """The added work that by itself costs more than the allowed slowdown."""
+    return [w for w in work if w.share > max_slowdown]
+
+
+__all__ = ["MIN_EXTRA_CALLS", "AddedWork", "added_work", "beyond"]
