@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         runs.append(r)
         print(f"repeat {i + 1}: {r}", file=sys.stderr)
     n = len(runs)
-    named = sum(r["first_operator"] == "aten::mm" for r in runs)
+    named = sum((r["first_operator"] or "").startswith("aten::mm") for r in runs)
     summary = {design: _summary(runs, design) for design in ("one", "runs")}
     summary["named_first"] = named
     for design, label in (("one", "one run each"), ("runs", f"{args.runs} runs each")):

@@ -94,8 +94,10 @@ def test_compare_shows_where_the_time_went(home: Path, runs: dict) -> None:
         "calls A → B",
         "status",
     ]
-    mm = ops[ops["name"] == "aten::mm"].iloc[0]
-    assert mm["status"] in ("slower", "new") and mm["calls A → B"] == "3 → 6"
+    # its calls per step changed (3 -> 6): aten::mm's rows are by input shapes, and the
+    # job's 3 added calls are of shapes the model never used
+    mm = ops[ops["name"].str.startswith("aten::mm (") & (ops["status"] == "new")].iloc[0]
+    assert mm["calls A → B"] == "0 → 3"
     phases = _phase_table(at)
     wait = phases[(phases["kind"] == "phase") & (phases["name"] == "data wait")].iloc[0]
     assert wait["status"] == "faster" and wait["change"].startswith("-")

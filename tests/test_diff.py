@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 from dashboard_helpers import stepscope
 
+from stepscope.analyzers.report.call_shapes import shapes, split_changed
 from stepscope.analyzers.report.op_diff import (
     COLUMNS,
     FASTER,
@@ -47,9 +48,11 @@ def test_a_trace_against_itself_changes_nothing() -> None:
 def test_workers_remove_the_loader_wait_and_the_diff_says_where() -> None:
     """ResNet-50 with 4 DataLoader workers against none (the same job, same V100)."""
     d = diff_traces(NW0, NW4)
-    # biggest change first
-    sizes = d.ops["diff_ns"].abs().to_numpy()
-    assert (np.diff(sizes) <= 0).all()
+    # measured changes first, then the rest, each biggest first
+    same = (d.ops["status"] == SAME).to_numpy()
+    assert not (np.diff(same.astype(int)) < 0).any()
+    for group in (d.ops[~same], d.ops[same]):
+        assert (np.diff(group["diff_ns"].abs().to_numpy()) <= 0).all()
     top = d.ops.iloc[0]
     assert top["name"].startswith("enumerate(DataLoader)") and top["status"] == GONE
     loader = d.categories.set_index("name").loc["DataLoader"]
@@ -118,8 +121,12 @@ def test_an_extra_matmul_is_named_among_the_biggest_changes(two_runs) -> None:
     assert d.warnings == [] or all("different commands" in w for w in d.warnings)
     ops = d.ops[d.ops["kind"] == "operator"]
     top = ops.head(3).set_index("name")
-    assert "aten::mm" in top.index and top.loc["aten::mm", "status"] in (SLOWER, NEW)
-    assert top.loc["aten::mm", "b_calls"] == top.loc["aten::mm", "a_calls"] + 3
+    # aten::mm's calls per step changed: its rows are by input shapes, the added ones new
+    mm = "aten::mm (256x256, 256x256)"
+    assert mm in top.index and top.loc[mm, "status"] in (SLOWER, NEW)
+    assert top.loc[mm, "b_calls"] == top.loc[mm, "a_calls"] + 3
+    unchanged = ops[~ops["name"].str.startswith("aten::mm")]
+    assert not unchanged["name"].str.contains(r" \(", regex=True).any()  # one row per name
     phases = d.categories[d.categories["kind"] == "phase"]
     assert set(phases["name"]) >= {"forward", "backward", "optimizer step"}
 
@@ -143,30 +150,40 @@ def test_check_fails_a_run_that_calls_an_operator_more_often(two_runs) -> None:
 
 def _diff(a: list[tuple], b: list[tuple], windows: int = 2, step_ns: float = 1e7) -> Any:
     """A RunDiff's fields that ``added_work`` reads: calls (name, args, time_ns) of each
-    side over ``windows`` steps, and the ops table that says which names gained calls."""
+    side over ``windows`` steps, split by shapes as ``diff_runs`` splits them."""
 
     def calls(rows: list[tuple]) -> pd.DataFrame:
         df = pd.DataFrame(rows, columns=["name", "args", "time_ns"])
         return df.assign(kind="operator", rank=0, step=0)
 
-    ca, cb = calls(a), calls(b)
-    na, nb = ca.groupby("name").size() / windows, cb.groupby("name").size() / windows
-    names = sorted(set(na.index) | set(nb.index))
-    ops = pd.DataFrame(
-        {
-            "kind": "operator",
-            "name": names,
-            "a_calls": na.reindex(names, fill_value=0).to_numpy(),
-            "b_calls": nb.reindex(names, fill_value=0).to_numpy(),
-        }
-    )
+    ca, cb = split_changed(calls(a), windows, calls(b), windows)
     return SimpleNamespace(
-        ops=ops, calls_a=ca, calls_b=cb, windows_a=windows, windows_b=windows,
+        calls_a=ca, calls_b=cb, windows_a=windows, windows_b=windows,
         timed_step_ns_a=step_ns, step_ns_a=2 * step_ns,
     )  # fmt: skip
 
 
 SMALL, BIG = b"[[[64,384],[384,384]]]", b"[[[160,384],[384,384]]]"
+
+
+def test_a_name_whose_calls_changed_is_split_by_shapes() -> None:
+    a = [("aten::mm", SMALL, 1), ("aten::add_", b"[[[3]]]", 1), ("aten::relu", None, 1)]
+    b = [*a, ("aten::mm", BIG, 1), ("aten::relu", None, 1), ("aten::relu", None, 1)]
+
+    def frame(rows: list[tuple]) -> pd.DataFrame:
+        return pd.DataFrame(rows, columns=["name", "args", "time_ns"]).assign(kind="operator")
+
+    sa, sb = split_changed(frame(a), 1, frame(b), 1)
+    assert list(sb["name"]) == [
+        "aten::mm (64x384, 384x384)",
+        "aten::add_",  # as often as before: one row, whatever its shapes
+        "aten::relu",  # changed, but no shapes kept: by name
+        "aten::mm (160x384, 384x384)",
+        "aten::relu",
+        "aten::relu",
+    ]
+    assert sa["name"].iloc[0] == "aten::mm (64x384, 384x384)"
+    assert shapes(b"not json") == "" and shapes(None) == "" and shapes(b"[[[], [2]]]") == "2"
 
 
 def test_added_work_is_the_new_calls_own_time_not_the_names() -> None:
@@ -210,7 +227,7 @@ def test_cli_diff_prints_json_and_bad_input_is_one_line_exit_2(two_runs) -> None
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
     assert "no-such-run" in bad.stderr
     text = stepscope(home, "diff", str(a), str(b), "--top", "5").stdout
-    assert "aten::mm" in text and "biggest change first" in text
+    assert "aten::mm" in text and "measured changes first" in text
 
 
 def test_api_diff_takes_runs_or_traces(two_runs) -> None:

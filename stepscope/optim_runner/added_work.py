@@ -13,10 +13,11 @@ the allowed slowdown even at the interval's optimistic end makes the run slower 
 itself. Operators that only got slower per call stay with the step-time figures: their
 change is the one a busy machine imitates.
 
-Why not the operator diff's own interval: it is of the name's whole time per step, run
-minus baseline, and carries the noise of every call of both runs. On a 3-step capture
-of a 3 ms step, the seven matmuls that were there before varied by more than the one
-added (bench/README.md).
+Why not the operator diff's own interval: for a name it is of the whole time per step,
+run minus baseline, and carries the noise of every call of both runs; on a 3-step
+capture of a 3 ms step, the seven matmuls that were there before varied by more than the
+one added (bench/README.md). The diff splits a name whose calls changed by input shapes
+(``report/call_shapes.py``), and here the extra calls are measured alone, in the run.
 """
 
 from __future__ import annotations
@@ -25,14 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import orjson
-import pandas as pd
 from scipy import stats
 
+from stepscope.analyzers.report.call_shapes import MIN_CALL_CHANGE
 from stepscope.analyzers.report.op_diff import CONFIDENCE, RESAMPLES
 
-#: Calls per step that count as more work: a call every other step, not a window's edge.
-MIN_EXTRA_CALLS = 0.5
 WORK_KINDS = ("operator", "kernel")
 
 
@@ -73,50 +71,27 @@ class AddedWork:
 
 def added_work(diff: Any) -> list[AddedWork]:
     """What a ``RunDiff`` says the run calls more often per step (operators and kernels;
-    an operator by its input shapes where the trace has them), with the least it costs,
-    largest first. Empty without traces on both sides or a baseline step."""
-    ops, ca, cb = diff.ops, diff.calls_a, diff.calls_b
+    an operator by its input shapes where the trace has them: ``report/call_shapes.py``),
+    with the least it costs, largest first. Empty without traces on both sides or a
+    baseline step. Whatever the diff's status says: its interval is the one this module
+    does not trust."""
+    ca, cb = diff.calls_a, diff.calls_b
     step = diff.timed_step_ns_a if np.isfinite(diff.timed_step_ns_a) else diff.step_ns_a
-    if ops is None or ops.empty or ca is None or cb is None or not diff.windows_b:
+    if ca is None or cb is None or not diff.windows_b or not np.isfinite(step) or step <= 0:
         return []
-    if not np.isfinite(step) or step <= 0:
-        return []
-    # whatever the diff's status: its interval is the one this module does not trust
-    rows = ops[ops["kind"].isin(WORK_KINDS)]
-    names = set(rows.loc[(rows["b_calls"] - rows["a_calls"]) >= MIN_EXTRA_CALLS, "name"])
-    if not names:
-        return []
-    a, b = _signed(ca, names), _signed(cb, names)
-    per_a = a.groupby(["kind", "name", "sig"]).size() / max(diff.windows_a, 1)
-    per_b = b.groupby(["kind", "name", "sig"]).size() / max(diff.windows_b, 1)
+    ca, cb = ca[ca["kind"].isin(WORK_KINDS)], cb[cb["kind"].isin(WORK_KINDS)]
+    per_a = ca.groupby(["kind", "name"]).size() / max(diff.windows_a, 1)
+    per_b = cb.groupby(["kind", "name"]).size() / max(diff.windows_b, 1)
     extra = per_b.sub(per_a, fill_value=0.0)
-    extra = extra[extra >= MIN_EXTRA_CALLS]
-    times = dict(iter(b.groupby(["kind", "name", "sig"])["time_ns"]))
+    extra = extra[extra >= MIN_CALL_CHANGE]
+    if extra.empty:
+        return []
+    times = dict(iter(cb.groupby(["kind", "name"])["time_ns"]))
     found = []
-    for (kind, name, sig), calls in extra.items():
-        mean, low = _mean_call(times[(kind, name, sig)].to_numpy(dtype=float))
-        label = f"{name} ({sig})" if sig else str(name)
-        found.append(AddedWork(str(kind), label, float(calls), calls * mean, calls * low, step))
+    for (kind, name), calls in extra.items():
+        mean, low = _mean_call(times[(kind, name)].to_numpy(dtype=float))
+        found.append(AddedWork(str(kind), str(name), float(calls), calls * mean, calls * low, step))
     return sorted(found, key=lambda w: -w.least_ns)
-
-
-def _signed(calls: pd.DataFrame, names: set[str]) -> pd.DataFrame:
-    """The calls of ``names``, each with ``sig``: its input shapes ("160x384, 384x384"),
-    or "" where the trace kept none."""
-    sub = calls[calls["name"].isin(names)]
-    if "args" not in sub:
-        return sub.assign(sig="")
-    return sub.assign(sig=[_shapes(a) for a in sub["args"].to_numpy()])
-
-
-def _shapes(args: bytes | None) -> str:
-    if not args:
-        return ""
-    try:
-        dims = orjson.loads(args)[0]
-    except (orjson.JSONDecodeError, IndexError, TypeError):
-        return ""
-    return ", ".join("x".join(map(str, d)) for d in dims if isinstance(d, list) and d)
 
 
 def _mean_call(times: np.ndarray) -> tuple[float, float]:
@@ -141,4 +116,4 @@ def beyond(work: list[AddedWork], max_slowdown: float) -> list[AddedWork]:
     return [w for w in work if w.share > max_slowdown]
 
 
-__all__ = ["MIN_EXTRA_CALLS", "AddedWork", "added_work", "beyond"]
+__all__ = ["AddedWork", "added_work", "beyond"]

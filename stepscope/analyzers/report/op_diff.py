@@ -11,8 +11,8 @@ Status of a name: "new" / "gone" when one run never called it; "slower" / "faste
 when the whole interval lies beyond the smallest change worth a line
 (``max(MIN_STEP_SHARE of the baseline's step, MIN_OWN_SHARE of the name's own
 time)``: a few microseconds of a 5 ms operator are real but nobody's problem); else
-"no measurable change". Rows are sorted by the size of the change, so the top lines
-answer "where did the time go".
+"no measurable change". Rows are sorted by the size of the change, measured changes
+before the rest, so the top lines answer "where did the time go".
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def diff_calls(
     windows_b: pd.DataFrame,
     step_ns_a: float,
 ) -> pd.DataFrame:
-    """One row per (kind, name) of either run (``COLUMNS``), biggest change first.
+    """One row per (kind, name) of either run (``COLUMNS``), measured changes first.
 
     ``calls_*``: one row per call (``rank, step, kind, name, time_ns``; see
     ``trace.op_steps.op_calls``, or one row per step for step-timer phases);
@@ -115,7 +115,9 @@ def diff_calls(
                 status = SLOWER if lo > floor else FASTER if hi < -floor else SAME
         rows.append((*key, a_ns, b_ns, diff, lo, hi, a.size / n_a, b.size / n_b, status, basis))
     out = pd.DataFrame(rows, columns=COLUMNS)
-    order = np.argsort(-out["diff_ns"].abs().to_numpy(), kind="stable")
+    # measured changes first, each group by size: an estimate whose interval says "no
+    # measurable change" is noise, however large, and must not top "where the time went"
+    order = np.lexsort((-out["diff_ns"].abs().to_numpy(), (out["status"] == SAME).to_numpy()))
     return out.iloc[order].reset_index(drop=True)
 
 

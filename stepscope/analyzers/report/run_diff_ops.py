@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from stepscope.analyzers.report.call_shapes import split_changed
 from stepscope.analyzers.report.op_diff import COLUMNS, diff_calls, phase_calls
 from stepscope.analyzers.steps.step_stats import timed_steps
 from stepscope.analyzers.trace.breakdown import CATEGORIES, adjusted_steps, step_breakdown
@@ -37,8 +38,8 @@ class RunDiff:
     step_ns_a: float  # A's mean step: the scale of the changes
     step_ns_b: float
     warnings: list[str] = field(default_factory=list)
-    # each side's operator and kernel calls (``op_steps.op_calls`` with their ``args``)
-    # and how many steps they are over, for what needs single calls
+    # each side's operator and kernel calls (``op_steps.op_calls`` with their ``args``,
+    # named as in ``ops``) and how many steps they are over, for what needs single calls
     # (``optim_runner/added_work.py``); not in the JSON
     calls_a: pd.DataFrame | None = None
     calls_b: pd.DataFrame | None = None
@@ -118,6 +119,7 @@ def _diff(a: _Side, b: _Side) -> RunDiff:
     if a.trace is not None and b.trace is not None:
         ca, wa, cat_a, step_a = _trace_calls(a.trace)
         cb, wb, cat_b, step_b = _trace_calls(b.trace)
+        ca, cb = split_changed(ca, len(wa), cb, len(wb))
         ops = diff_calls(ca, wa, cb, wb, step_a)
         frames.append(diff_calls(cat_a, wa, cat_b, wb, step_a))
     else:

@@ -1,7 +1,7 @@
 """`stepscope diff A B [--json] [--top N] [--kind operator|kernel|...]`: where the time went.
 
 A and B are runs of the store (id, name, ``last``) or trace files/folders. The table is
-B against A, biggest change first, each with its 95 % interval and a status; the
+B against A, measured changes first (biggest first), each with its 95 % interval and a status; the
 category/phase table under it says which part of the step moved. Bad input is one line
 and exit 2 (``check`` keeps 1 for "slower").
 """
@@ -85,7 +85,11 @@ def print_diff(diff: RunDiff, top: int = 15, kind: str | None = None) -> None:
     if len(ops):
         shown = min(top, len(ops))
         con.print(
-            _table(ops, f"operators and kernels, biggest change first ({shown} of {len(ops)})", top)
+            _table(
+                ops,
+                f"operators and kernels, measured changes first, biggest first ({shown} of {len(ops)})",
+                top,
+            )
         )
     if len(diff.categories):
         con.print(_table(diff.categories, "step-time categories and phases", len(diff.categories)))

@@ -127,7 +127,7 @@ def _ops(diff: RunDiff) -> None:
         st.plotly_chart(fig, key="ops_diff_chart")
     st.dataframe(in_words(rows), hide_index=True, key="ops_diff")
     st.caption(
-        f"{len(rows)} of {len(ops)} operators and kernels, biggest change first (the chart: "
+        f"{len(rows)} of {len(ops)} operators and kernels, measured changes first (the chart: "
         f"the top {min(TOP, len(rows))}). Time per step of each run's profiled steps "
         "(operators by self time, kernels by duration); the change B - A with its 95 % "
         f"interval, {_basis(rows)}. A change counts where its whole interval is beyond "
