@@ -99,6 +99,11 @@ def test_runs_judges_over_each_names_newest_runs(home: Path) -> None:
     )
     assert any("intervals over 1 baseline run(s)" in n for n in result.notes)
     assert result.to_json()["run"]["runs"] == list(result.run_ids)
+    # one name on both sides: the older "pause-again" is the baseline, never on both sides
+    newest, older = (int(i) for i in again)
+    with RunStore(home) as store:
+        shared = check_runs(store, newest, older, runs=2)
+    assert shared.baseline_ids == (older,) and shared.run_ids == (newest,)
     # one run of each name: judged over steps as without --runs, and told
     assert short.verdict == SLOWER and short.figures[0].ci.method != "t over runs"
     assert any("asked for 3 runs of each side: found 1" in n for n in short.notes)

@@ -19,6 +19,7 @@ ratio is symmetric on the log scale.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -36,13 +37,15 @@ CONFIDENCE = 0.95
 FINISHED = ("completed", "stopped")
 
 
-def replicate_ids(store: Any, run_id: int, n: int) -> list[int]:
-    """``run_id`` and up to ``n - 1`` finished runs before it with its name, newest first."""
+def replicate_ids(store: Any, run_id: int, n: int, exclude: Sequence[int] = ()) -> list[int]:
+    """``run_id`` and up to ``n - 1`` finished runs before it with its name, newest first;
+    never one of ``exclude`` (the other side's runs, when both sides share a name)."""
     if n <= 1:
         return [run_id]
     name = store.run(run_id)["name"]
     runs = store.runs()
     same = runs[(runs["name"] == name) & (runs["id"] < run_id) & runs["status"].isin(FINISHED)]
+    same = same[~same["id"].isin(list(exclude))]
     before = same.sort_values("id", ascending=False)["id"].head(n - 1)
     return [run_id, *(int(i) for i in before)]
 

@@ -85,7 +85,8 @@ def check_runs(
     typed = str(baseline).strip()
     tag = typed if store.tag(typed) == base_id else None  # named by its tag: say so
     figures, problem, notes = _figures(store, base_id, run_id)
-    base_ids, run_ids = replicate_ids(store, base_id, runs), replicate_ids(store, run_id, runs)
+    base_ids = replicate_ids(store, base_id, runs)
+    run_ids = replicate_ids(store, run_id, runs, exclude=base_ids)
     if problem is None and len(base_ids) + len(run_ids) >= 3:
         figures, more = _over_runs(store, figures, base_ids, run_ids)
         notes += more

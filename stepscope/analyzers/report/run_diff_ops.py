@@ -91,7 +91,7 @@ def _trace_calls(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame
 def _with_signatures(calls: pd.DataFrame, trace: Trace) -> pd.DataFrame:
     """Calls with ``args``: the JSON bytes of their input shapes and types where the
     loader kept them (the FLOP operators), else None; one name's calls of another shape
-    are other work (``optim_runner/added_work.py``)."""
+    are other work (``call_shapes.py``)."""
     args = trace.op_args
     if args is None or args.empty:
         return calls.assign(args=None)
