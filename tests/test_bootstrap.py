@@ -142,3 +142,13 @@ def test_sigkill_keeps_steps_up_to_about_a_second_before(tmp_path):
     assert due > 0
     assert recorded >= due, (recorded, due, len(printed))
     assert recorded <= len(printed) + 1
+
+
+def test_a_process_forked_while_stepscope_starts_up_trains_and_is_recorded(tmp_path):
+    # the child of a fork must not inherit a lock a thread of the parent held (the store's
+    # imports once ran on a thread of their own, and such a child hung at its first write)
+    run_id, proc = jobs.run_job(tmp_path, "fork_at_start.py", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "exit code 0\n"
+    df = jobs.steps(tmp_path, run_id)
+    assert len(df) == 3 and set(df["worker"]) == {1}

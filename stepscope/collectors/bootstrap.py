@@ -111,7 +111,7 @@ class _Bootstrap:
             return
         if not _is_launcher_agent():
             # local: a process that imports torch steps and writes; the store's imports
-            # start now, beside the job's own set-up, not beside its first steps
+            # run now, before the job's own set-up goes on, not beside its first steps
             from stepscope.store.db import preload
 
             preload()

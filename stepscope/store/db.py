@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -28,7 +27,7 @@ if TYPE_CHECKING:
 # SQLAlchemy is imported when a store is first opened, not with the package: the
 # writer's module is imported on the job's main thread at start-up, and the writer
 # opens its store from its own thread. Those imports (about 0.2 s of Python, holding
-# the GIL) must not land in the job's first steps: ``preload`` starts them early.
+# the GIL) must not land in the job's first steps: ``preload`` runs them earlier.
 
 BUSY_TIMEOUT_MS = 10_000
 CONNECT_TIMEOUT_S = 10
@@ -36,35 +35,31 @@ CONNECT_TIMEOUT_S = 10
 Params = Mapping[str, Any] | Sequence[Mapping[str, Any]] | None
 
 
-def preload() -> threading.Thread:
-    """Import SQLAlchemy and the store's dialect on a daemon thread, now.
+def preload() -> None:
+    """Import SQLAlchemy and the store's dialect now, on the caller's thread.
 
-    Called by the bootstrap when the job imports torch: the job then still has its own
-    imports and set-up ahead (torch itself, the model, the data), which these overlap.
-    Left to the writer's first open, they would run beside the job's first steps and
-    stretch them by their whole cost: on a job of 3 ms steps, a third step of 250 ms,
-    past the warm-up, read by the diagnosis as the job's own time. Any failure is left
-    to the store's open to report.
+    Called by the bootstrap when the job imports torch, before the job's own set-up goes
+    on. Left to the writer's first open, these imports would run beside the job's first
+    steps and stretch them by their whole cost: on a job of 3 ms steps, a third step of
+    250 ms, past the warm-up, read by the diagnosis as the job's own time. They are not
+    run on a thread of their own: a job that forks while they run (``mp.Process`` with
+    fork, as in mnist_hogwild) leaves its child with the module locks that thread held,
+    and the child's first store write waited on them for ever. About 0.16 s once, at
+    start-up. Any failure is left to the store's open to report.
     """
+    with contextlib.suppress(Exception):
+        import sqlalchemy
 
-    def load() -> None:
-        with contextlib.suppress(Exception):
-            import sqlalchemy
+        if (os.environ.get("STEPSCOPE_STORE") or "").startswith("postgres"):
+            import sqlalchemy.dialects.postgresql.psycopg  # noqa: F401
 
-            if (os.environ.get("STEPSCOPE_STORE") or "").startswith("postgres"):
-                import sqlalchemy.dialects.postgresql.psycopg  # noqa: F401
-
-                sqlalchemy.make_url("postgresql+psycopg://preload")  # compiles its regex
-            else:
-                # an engine on no file: sqlite3, the dialect, the URL's regex and the pool
-                # are ready, and the writer's open is left with its few C calls. Done
-                # later, that Python ran beside the first steps: on a loaded machine it
-                # stretched the job's second data fetch from 5 ms to 0.2 s
-                sqlalchemy.create_engine("sqlite://").dispose()
-
-    thread = threading.Thread(target=load, name="stepscope-preload", daemon=True)
-    thread.start()
-    return thread
+            sqlalchemy.make_url("postgresql+psycopg://preload")  # compiles its regex
+        else:
+            # an engine on no file: sqlite3, the dialect, the URL's regex and the pool are
+            # ready, and the writer's open is left with its few C calls. Done later, that
+            # Python ran beside the first steps: on a loaded machine it stretched the
+            # job's second data fetch from 5 ms to 0.2 s
+            sqlalchemy.create_engine("sqlite://").dispose()
 
 
 class Db:
