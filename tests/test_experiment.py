@@ -28,7 +28,12 @@ from stepscope.collectors.launcher import launch_run
 from stepscope.optim_runner.background import cancel_experiment, start_experiment
 from stepscope.optim_runner.bound_check import above_bound_note
 from stepscope.optim_runner.contention import contention
-from stepscope.optim_runner.failures import failure_kind
+from stepscope.optim_runner.failures import (
+    MIN_STALL_S,
+    SLOW_START_ALLOWANCE_S,
+    Timeouts,
+    failure_kind,
+)
 from stepscope.optim_runner.quality import check_quality
 from stepscope.optim_runner.verdict import pick_best
 from stepscope.store import RunStore
@@ -50,8 +55,11 @@ FAILING = ("ddp_bucket_cap", "ddp_static_graph", "ddp_gradient_as_bucket_view")
 # allocator setting the runner puts in the job's environment
 WORKING = ("fused_optimizer", "cudnn_benchmark", "channels_last", "tf32", "expandable_segments")
 # Every trial must end well within it, also on a loaded machine (a 10-step trial takes
-# about 3 s alone); the hanging one is ended by it.
+# about 3 s alone).
 HANG_TIMEOUT_S = 25
+# The hanging trial stops stepping at its step 3 and is ended this long after (the job's
+# steps take about 0.1 s: a healthy trial never waits that long between two).
+STALL_S = 8
 
 
 def _effects_command(*effects: str) -> list[str]:
@@ -96,6 +104,7 @@ def experiment(recorded: tuple[Path, int]) -> dict[str, Any]:
             *(sys.executable, "-m", "stepscope.app.cli", "--home", str(home)),
             *("optimize", str(run_id), "--fixes", ",".join(EFFECTS)),
             *("--steps", "10", "--trials", "2", "--timeout", str(HANG_TIMEOUT_S), "--json"),
+            *("--stall", str(STALL_S)),
             "--allow-numerics",  # tf32 changes numerics: consent
             "--full",  # every trial: the counts below are the fixed design's
         ],
@@ -130,7 +139,7 @@ def test_failing_candidates_are_recorded_and_the_others_complete(experiment) -> 
     expected = {
         "ddp_bucket_cap": ("crash", "this fix breaks the job"),
         "ddp_static_graph": ("oom", "out of memory"),
-        "ddp_gradient_as_bucket_view": ("hang", f"timed out after {HANG_TIMEOUT_S} s (hang?)"),
+        "ddp_gradient_as_bucket_view": ("hang", f"no new step for {STALL_S} s after step "),
         "all": ("crash", "this fix breaks the job"),  # the first failing fix it meets
     }
     with RunStore(experiment["home"]) as store:
@@ -243,6 +252,7 @@ def test_each_trial_gets_its_plan_file_with_the_seed(experiment) -> None:
 def test_json_report_and_stored_experiment(experiment) -> None:
     result = experiment["result"]
     assert result["baseline_run"] == experiment["run_id"]
+    assert (result["timeout_s"], result["stall_s"]) == (HANG_TIMEOUT_S, STALL_S)
     for c in result["candidates"]:
         for key in ("fixes", "status", "speedup", "ci", "verdict", "quality_ok", "error"):
             assert key in c
@@ -323,6 +333,7 @@ def test_cancelled_background_experiment_stops_its_trial(recorded) -> None:
 
 def test_failure_kinds_and_non_finite_losses() -> None:
     assert failure_kind("timed out after 60 s (hang?)") == "hang"
+    assert failure_kind("no new step for 60 s after step 3 (hang?)") == "hang"
     assert failure_kind("torch.OutOfMemoryError: CUDA out of memory. Tried to ...") == "oom"
     assert failure_kind("RuntimeError: boom") == "crash"
     # the store keeps a NaN loss as NULL: a missing loss where the baseline has one is NaN
@@ -524,3 +535,19 @@ def test_experiment_whose_process_vanished_reads_as_failed(tmp_path: Path) -> No
         assert "vanished" in store.experiment(dead)["error"]
         assert store.experiment(alive)["status"] == "running"
         assert [e["id"] for e in store.experiments(run_id)] == [alive, dead]
+
+
+def test_the_stall_limit_follows_the_baselines_longest_wait(tmp_path: Path) -> None:
+    # a job that pauses 0.2 s once among 10 ms steps (tests/jobs/pause.py): 10x its longest
+    # wait is under the floor; a compiling arm gets the slow-start allowance on top
+    home = tmp_path / "home"
+    run_id, code = launch_run(
+        [sys.executable, str(JOBS / "pause.py"), "--steps", "30"], home=home, quiet=True
+    )
+    assert code == 0
+    with RunStore(home) as store:
+        timeouts = Timeouts(None, store, store.run(run_id), steps=10)
+        assert 0.2 <= timeouts.gap < 5.0
+        assert timeouts.stall([]) == MIN_STALL_S
+        assert timeouts.stall(["torch_compile"]) == MIN_STALL_S + SLOW_START_ALLOWANCE_S
+        assert Timeouts(None, store, store.run(run_id), 10, explicit_stall=7).stall([]) == 7

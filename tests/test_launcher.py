@@ -286,6 +286,38 @@ def test_launch_run_timeout_ends_the_whole_process_group(tmp_path: Path, capfd) 
     assert not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == "zombie"
 
 
+STEPS_THEN_HANGS = """
+import sys, time
+import torch
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(3):
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+print("hanging", flush=True)
+time.sleep(3600)
+"""
+
+
+def test_a_job_that_stops_stepping_is_ended_long_before_its_time_limit(tmp_path: Path) -> None:
+    from stepscope.collectors.launcher import launch_run
+
+    job = _write(tmp_path, "steps_then_hangs.py", STEPS_THEN_HANGS)
+    started = time.monotonic()
+    run_id, code = launch_run(
+        [sys.executable, str(job)], timeout_s=300, stall_s=5, output_path="output.log"
+    )
+    assert time.monotonic() - started < 120
+    assert code == 124
+    with RunStore() as store:
+        run = store.run(run_id)
+        assert len(store.steps(run_id)) == 3  # what was recorded stays
+    assert (run["status"], run["exit_code"]) == ("failed", 124)
+    assert run["error"] == "no new step for 5 s after step 3 (hang?)"
+    assert run["config"]["stall_s"] == 5
+
+
 def test_launch_run_options(tmp_path: Path, capfd) -> None:
     from stepscope.collectors.launcher import launch_run
 

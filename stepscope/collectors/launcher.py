@@ -32,7 +32,8 @@ import psutil
 from stepscope.collectors.contract import ENV_PLAN
 from stepscope.collectors.env_summary import env_summary
 from stepscope.collectors.job_env import build_job_env
-from stepscope.collectors.job_signals import SignalState, end_group, forward, signal_name
+from stepscope.collectors.job_signals import SignalState, forward, signal_name
+from stepscope.collectors.job_wait import MIN_STALL_S, JobEnd, wait_for_job
 from stepscope.collectors.run_group import Membership, RunGroup, join_or_create, run_group_of
 from stepscope.collectors.sampler_process import remove_if_empty, start_sampler, stop_sampler
 from stepscope.store import RunStore
@@ -87,6 +88,7 @@ def launch_run(
     cwd: str | os.PathLike[str] | None = None,
     output_path: str | os.PathLike[str] | None = None,
     timeout_s: float | None = None,
+    stall_s: float | None = None,
     quiet: bool = False,
     plan: Mapping[str, Any] | None = None,
     group: RunGroup | None = None,
@@ -99,8 +101,9 @@ def launch_run(
     ``cwd`` is where the job runs (default: here); ``output_path`` sends the job's stdout
     and stderr to that file (relative: inside the run folder) with stdin closed;
     ``timeout_s`` ends a job still running after that long, process group and all, as
-    ``failed`` with exit code 124 (timeout(1)'s); ``quiet`` drops the launcher's lines;
-    ``plan``: fixes for the bootstrap to apply (shape in ``contract.py``), written to
+    ``failed`` with exit code 124 (timeout(1)'s); ``stall_s`` ends it the same way once
+    it has recorded a step and then records none for that long (``job_wait``); ``quiet``
+    drops the launcher's lines; ``plan``: fixes for the bootstrap to apply (shape in ``contract.py``), written to
     ``plan.json`` in the run folder, where it stays as the record of what was asked;
     ``group``: the multi-node job this launcher is one node of (its run is joined, and
     ended by the last launcher), None for a run of its own; ``announce``: the line that
@@ -116,6 +119,8 @@ def launch_run(
     }
     if timeout_s is not None:
         run_config["timeout_s"] = timeout_s
+    if stall_s is not None:
+        run_config["stall_s"] = stall_s
     run_config.update(config or {})
     job = _JobOptions(
         extra_env=dict(extra_env or {}),
@@ -123,6 +128,7 @@ def launch_run(
         output_path=output_path,
         timeout_s=timeout_s,
         quiet=quiet,
+        stall_s=None if stall_s is None else max(MIN_STALL_S, stall_s),
     )
     job.member = join_or_create(
         store,
@@ -179,13 +185,16 @@ class _JobOptions:
     output_path: str | os.PathLike[str] | None
     timeout_s: float | None
     quiet: bool
+    stall_s: float | None = None
     member: Any = None  # Membership, set once the run exists
 
     @property
     def own_group(self) -> bool:
         # Only a job we may have to kill as a whole, or one detached from the terminal,
         # leaves the terminal's process group (where Ctrl-C reaches it directly).
-        return self.timeout_s is not None or self.output_path is not None
+        return (
+            self.timeout_s is not None or self.stall_s is not None or self.output_path is not None
+        )
 
 
 def _run(
@@ -236,21 +245,19 @@ def _run(
         forward(child, signals.forward_pending, signals.own_group)
 
     sampler = start_sampler(store, run_id, child.pid, float(config["sample_interval"]))
-    timed_out = False
-    try:
-        returncode = child.wait(timeout=job.timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        returncode = end_group(child)
+    end = wait_for_job(child, job.timeout_s, job.stall_s, lambda: store.step_count(run_id)[0])
     stop_sampler(sampler)
     remove_if_empty(run_dir / "sampler.log")
-    if timed_out:
-        return _timed_out(store, run_id, job)
-    return _finalise(store, run_id, returncode, signals, job.member, job.quiet)
+    if end.ended_for is not None:
+        return _ended_as_hung(store, run_id, job, end)
+    return _finalise(store, run_id, end.returncode, signals, job.member, job.quiet)
 
 
-def _timed_out(store: Any, run_id: int, job: _JobOptions) -> int:
-    error = f"timed out after {job.timeout_s:g} s (hang?)"
+def _ended_as_hung(store: Any, run_id: int, job: _JobOptions, end: JobEnd) -> int:
+    if end.ended_for == "stall":
+        error = f"no new step for {job.stall_s:g} s after step {end.steps} (hang?)"
+    else:
+        error = f"timed out after {job.timeout_s:g} s (hang?)"
     job.member.finish("failed", EXIT_TIMED_OUT, error=error)
     if not job.quiet:
         _say(f"run {run_id} {error}")

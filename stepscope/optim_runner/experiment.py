@@ -112,11 +112,14 @@ def run_experiment(
     budget_min: float | None = None,
     full: bool = False,
     busy_repeats: int | None = None,
+    stall_s: float | None = None,
 ) -> dict[str, Any]:
     """Run an experiment on ``baseline_run_id`` in the foreground; returns its result.
 
     ``fixes``: fix ids to try (default: the run's recommended auto fixes); ``timeout_s``:
-    per trial (default: from the baseline's length); ``progress`` is called with a dict
+    per trial (default: from the baseline's length); ``stall_s``: seconds without a new
+    step before a trial that has stepped counts as hung (default: from the baseline's
+    longest wait between steps); ``progress`` is called with a dict
     (done/total trials, current arm and trial) before and after every trial, and the
     same dict is stored as the experiment's progress. ``experiment_id``: an experiment
     row created beforehand (``background.start_experiment``). ``keep_explicit``: keep
@@ -150,6 +153,7 @@ def run_experiment(
         "steps": steps,
         "trials": trials,
         "timeout_s": timeout_s,
+        "stall_s": stall_s,
         "allow_numerics": allow_numerics,
         "tolerance": tolerance,
         "seed": seed,
@@ -293,6 +297,7 @@ class _Runner(TrialLoop):
             "steps": self.config["steps"],
             "trials": self.config["trials"],
             "timeout_s": self.timeouts.current([]),  # per trial; + allowance to compile
+            "stall_s": self.timeouts.stall([]),  # the same
             "tolerance": self.config["tolerance"],
             "guard": (
                 "tokens"

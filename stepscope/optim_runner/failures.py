@@ -7,6 +7,9 @@
   report (``config.applied``) says whether each fix took effect on the real objects
   (``fixes.took_effect``); one that did not is "not applied" with the reason, is not
   run again, and gets no speed-up, verdict or "slower".
+* **A trial that stops stepping is a hang at once.** Once it has recorded a step, a
+  trial that records none for its stall limit (by default 10x the longest wait between
+  two steps of the baseline, at least 60 s) is ended as hung, long before its timeout.
 * **Slow starts are not hangs.** A fix that compiles at its first steps
   (``Fix.slow_start``: torch.compile) gets minutes more: compiling a model on a small
   CPU is a one-off cost.
@@ -28,6 +31,8 @@ MIN_TIMEOUT_S = 60.0
 TIMEOUT_FACTOR = 5.0
 FALLBACK_TIMEOUT_S = 600.0  # the baseline's length is unknown (it never recorded a step)
 SLOW_START_ALLOWANCE_S = 300.0
+MIN_STALL_S = 60.0
+STALL_FACTOR = 10.0
 
 
 def trial_error(store: Any, run: dict[str, Any]) -> str | None:
@@ -51,7 +56,7 @@ def trial_error(store: Any, run: dict[str, Any]) -> str | None:
 def failure_kind(error: str) -> str:
     """'hang' (timed out), 'oom' (out of memory) or 'crash'."""
     text = error.lower()
-    if "timed out" in text:
+    if "timed out" in text or "(hang?)" in text:
         return "hang"
     if "out of memory" in text or "outofmemoryerror" in text:
         return "oom"
@@ -84,24 +89,46 @@ def slow_starting(fix_ids: list[str]) -> list[str]:
 
 
 class Timeouts:
-    """Per-trial timeout: the user's, or 5x the longest baseline trial (at least 60 s).
+    """Per-trial timeout: the user's, or 5x the longest baseline trial (at least 60 s);
+    and per-trial stall limit: the user's, or 10x the longest wait between two steps of
+    the baseline (its recorded run and its trials; at least 60 s).
 
     Before the first baseline trial has run, the recorded baseline run stands in:
     its start-up plus ``steps`` of its median step time. An arm that compiles gets
-    minutes more: compiling a model on a small CPU is a one-off cost, not a hang.
+    minutes more of both: compiling a model on a small CPU is a one-off cost (and a
+    recompile can come after the first step), not a hang.
     """
 
     def __init__(
-        self, explicit: float | None, store: Any, baseline_run: dict[str, Any], steps: int
+        self,
+        explicit: float | None,
+        store: Any,
+        baseline_run: dict[str, Any],
+        steps: int,
+        explicit_stall: float | None = None,
     ) -> None:
         self.explicit = explicit
+        self.explicit_stall = explicit_stall
+        self.store = store
         self.longest: float | None = None
         self.estimate = _estimate_trial_s(store, baseline_run, steps)
+        self.gap = _longest_gap_s(store.steps(baseline_run["id"]))
 
     def observe(self, run: dict[str, Any]) -> None:
         if run.get("ended_at") and run.get("started_at"):
             wall = float(run["ended_at"]) - float(run["started_at"])
             self.longest = max(self.longest or 0.0, wall)
+        gap = _longest_gap_s(self.store.steps(run["id"]))
+        if gap is not None:
+            self.gap = max(self.gap or 0.0, gap)
+
+    def stall(self, fixes: list[str]) -> float:
+        if self.explicit_stall is not None:
+            return float(self.explicit_stall)
+        value = max(MIN_STALL_S, STALL_FACTOR * (self.gap or 0.0))
+        if slow_starting(fixes):
+            value += SLOW_START_ALLOWANCE_S
+        return round(value, 1)
 
     def current(self, fixes: list[str]) -> float:
         if self.explicit is not None:
@@ -115,6 +142,15 @@ class Timeouts:
             if slow_starting(fixes):
                 value += SLOW_START_ALLOWANCE_S
         return round(value, 1)
+
+
+def _longest_gap_s(steps: Any) -> float | None:
+    """The longest time between the ends of two consecutive steps of one process (rank
+    and worker): what a healthy run of the job has already waited without a new step."""
+    if steps is None or len(steps) < 2:
+        return None
+    ends = steps.sort_values("end_s").groupby(["rank", "worker"])["end_s"].diff()
+    return None if ends.isna().all() else float(ends.max())
 
 
 def _estimate_trial_s(store: Any, run: dict[str, Any], steps: int) -> float | None:

@@ -69,7 +69,9 @@ class TrialLoop(ABC):
         self.order: list[list[str]] = []
         self.done = 0
         self.total = len(arms) * config["trials"]
-        self.timeouts = Timeouts(config["timeout_s"], store, base, config["steps"])
+        self.timeouts = Timeouts(
+            config["timeout_s"], store, base, config["steps"], config.get("stall_s")
+        )
         self.rounds: dict[str, int] = {}  # phase -> rounds run
         self.trial_s: dict[str, list[float]] = {}  # arm name -> wall time of its trials
         self.repeats: Repeats | None = None  # busy trials run again (None: never)
@@ -144,6 +146,7 @@ class TrialLoop(ABC):
                 phase,
                 self.config,
                 self.timeouts.current(arm.fix_ids),
+                self.timeouts.stall(arm.fix_ids),
             )
             self.trial_s.setdefault(arm.name, []).append(time.monotonic() - started)
             arm.runs.append(run_id)

@@ -93,6 +93,7 @@ def launch_trial(
     phase: str,
     config: dict[str, Any],
     timeout_s: float,
+    stall_s: float | None = None,
 ) -> int:
     """Run trial ``k`` of ``arm`` to its end; returns the trial's run id.
 
@@ -122,6 +123,7 @@ def launch_trial(
         cwd=base["cwd"],
         output_path=OUTPUT_LOG,
         timeout_s=timeout_s,
+        stall_s=stall_s,
         quiet=True,
         plan={
             **planning.plan_document(

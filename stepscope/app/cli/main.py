@@ -310,6 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 steps=args.steps,
                 trials=args.trials,
                 timeout=args.timeout,
+                stall=args.stall,
                 allow_numerics=args.allow_numerics,
                 as_json=args.json,
                 keep_explicit=args.keep_explicit,

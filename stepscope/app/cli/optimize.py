@@ -50,6 +50,7 @@ def cmd_optimize(
     draft_model: str | None = None,
     budget: float | None = None,
     full: bool = False,
+    stall: float | None = None,
 ) -> int:
     if sweep is not None:
         # local: the sweep's module is for --sweep only
@@ -68,6 +69,7 @@ def cmd_optimize(
             steps=steps,
             trials=trials,
             timeout_s=timeout,
+            stall_s=stall,
             allow_numerics=allow_numerics,
             progress=progress,
             keep_explicit=keep_explicit,

@@ -54,6 +54,13 @@ def add_optimize(sub: Any) -> None:
         help="seconds before a trial counts as hung (default: 5x the baseline, >= 60)",
     )
     opt.add_argument(
+        "--stall",
+        type=float,
+        metavar="S",
+        help="seconds without a new step, once a trial has stepped, before it counts as "
+        "hung (default: 10x the baseline's longest wait between steps, >= 60)",
+    )
+    opt.add_argument(
         "--allow-numerics",
         action="store_true",
         help="also try fixes that change what the model computes (e.g. larger_batch)",

@@ -1,0 +1,58 @@
+"""The launcher's wait: a job ends by itself, at its time limit, or when it stops stepping.
+
+Real child processes; the step count is what the store would answer at each poll.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+from stepscope.collectors.job_wait import wait_for_job
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(3600)"]
+
+
+def _start(command: list[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(command, start_new_session=True)  # ended as a group
+
+
+def _counts(*values: int) -> Callable[[], int]:
+    """Each poll gets the next value; the last one repeats."""
+    left = list(values)
+    return lambda: left.pop(0) if len(left) > 1 else left[0]
+
+
+def test_a_job_that_stops_stepping_is_ended_as_a_stall() -> None:
+    child = _start(SLEEPER)
+    started = time.monotonic()
+    end = wait_for_job(child, timeout_s=120, stall_s=2, step_count=_counts(0, 1, 2, 3))
+    assert (end.ended_for, end.steps) == ("stall", 3)
+    assert end.returncode < 0 and child.poll() is not None  # killed, not left behind
+    assert time.monotonic() - started < 60  # long before the time limit
+
+
+def test_no_step_yet_is_start_up_not_a_stall() -> None:
+    # a job still importing, loading data or compiling has recorded nothing: only the
+    # time limit ends it
+    child = _start(SLEEPER)
+    end = wait_for_job(child, timeout_s=4, stall_s=1, step_count=_counts(0))
+    assert (end.ended_for, end.steps) == ("timeout", 0)
+
+
+def test_a_job_that_keeps_stepping_or_ends_is_left_alone() -> None:
+    steps = iter(range(1, 1000))
+    child = _start([sys.executable, "-c", "import time; time.sleep(4)"])
+    end = wait_for_job(child, timeout_s=120, stall_s=2, step_count=lambda: next(steps))
+    assert (end.returncode, end.ended_for) == (0, None)
+
+
+def test_a_failing_store_read_does_not_end_the_job() -> None:
+    def broken() -> int:
+        raise OSError("database is locked")
+
+    child = _start([sys.executable, "-c", "raise SystemExit(3)"])
+    end = wait_for_job(child, timeout_s=120, stall_s=1, step_count=broken)
+    assert (end.returncode, end.ended_for) == (3, None)
