@@ -33,7 +33,9 @@ Decisions, and why:
   0.82x). Such steps are left out of the share (``data_wait_share``; the plain ratio of
   sums stays as ``data_wait_share_raw``) when all of these hold: the wait is beyond
   Tukey's far-out fence (Q3 + 3 IQR of the timed steps' waits), longer than a median
-  step (shorter pauses cannot move the share), the steps are few (at most 5 % of the
+  step (shorter pauses cannot move the share) and than five median waits (a job that
+  waits 20 ms every step has a regular enough wait for a 43 ms one, a fetch preempted on
+  a busy machine, to clear the fence: jitter, not a pause), the steps are few (at most 5 % of the
   timed steps, or one in a run of 10 or more; and fewer than one per round of the
   loader's workers, since a job whose workers deliver their batches together waits on
   one step in ``workers``), and they are not evenly spaced (that is a pattern, not an
@@ -85,6 +87,9 @@ OUTLIER_ONE_FROM_STEPS = 10
 OUTLIER_DOMINANT_SHARE = 0.75
 # A wait shorter than this many median steps cannot distort the share: not an outlier.
 OUTLIER_MIN_STEPS = 1.0
+# Nor can one within this many median waits: a job that waits 20 ms on every step once
+# waited 43 ms on a loaded machine (a preempted fetch), jitter of the habit, not a pause.
+OUTLIER_MIN_WAITS = 5.0
 # Outlier steps whose gaps are this regular (largest gap / smallest gap, 3 or more
 # steps) recur on a schedule, as the waits of a loader's workers do: kept.
 PERIODIC_GAP_RATIO = 1.5
@@ -280,7 +285,11 @@ def _wait_outliers(
         return none
     q1, q3 = np.percentile(wait, [25, 75])
     fence = q3 + OUTLIER_IQR_K * (q3 - q1)
-    mask = (wait > fence) & (wait > OUTLIER_MIN_STEPS * float(np.median(step_time)))
+    mask = (
+        (wait > fence)
+        & (wait > OUTLIER_MIN_STEPS * float(np.median(step_time)))
+        & (wait > OUTLIER_MIN_WAITS * float(np.median(wait)))
+    )
     count = int(mask.sum())
     if count == 0:
         return none
