@@ -29,7 +29,7 @@ from stepscope.optim_runner.background import cancel_experiment, start_experimen
 from stepscope.optim_runner.bound_check import above_bound_note
 from stepscope.optim_runner.contention import contention
 from stepscope.optim_runner.failures import (
-    MIN_STALL_S,
+    MIN_AUTO_STALL_S,
     SLOW_START_ALLOWANCE_S,
     Timeouts,
     failure_kind,
@@ -548,6 +548,6 @@ def test_the_stall_limit_follows_the_baselines_longest_wait(tmp_path: Path) -> N
     with RunStore(home) as store:
         timeouts = Timeouts(None, store, store.run(run_id), steps=10)
         assert 0.2 <= timeouts.gap < 5.0
-        assert timeouts.stall([]) == MIN_STALL_S
-        assert timeouts.stall(["torch_compile"]) == MIN_STALL_S + SLOW_START_ALLOWANCE_S
+        assert timeouts.stall([]) == MIN_AUTO_STALL_S
+        assert timeouts.stall(["torch_compile"]) == MIN_AUTO_STALL_S + SLOW_START_ALLOWANCE_S
         assert Timeouts(None, store, store.run(run_id), 10, explicit_stall=7).stall([]) == 7

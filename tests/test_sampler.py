@@ -41,6 +41,22 @@ while time.time() - t < {seconds}:
 """
 
 
+# A root that runs short CPU-bound children one after another (as torch.compile runs a
+# C++ compiler per kernel), each shorter than the sampling interval, and then says how
+# much CPU it and its reaped children used; it outlives the last child by two ticks.
+SHORT_CHILDREN_TREE = """
+import os, subprocess, sys, time
+sys.stdin.readline()
+burn = "import time\\nt = time.process_time()\\nwhile time.process_time() - t < 0.12: pass"
+t = time.time()
+while time.time() - t < {seconds}:
+    subprocess.run([sys.executable, "-c", burn])
+cpu = os.times()
+print(cpu.user + cpu.system + cpu.children_user + cpu.children_system, flush=True)
+time.sleep(1.2)
+"""
+
+
 def _start_sampler(home: Path, run_id: int, pid: int, interval: float = 0.2) -> subprocess.Popen:
     return subprocess.Popen(
         [
@@ -262,3 +278,36 @@ def test_gpu_sampler_reads_every_gpu() -> None:
     assert scopes == {f"gpu{h.index}" for h in handles}
     metrics = {metric for _, _, metric, _ in rows}
     assert {"util_percent", "mem_used_bytes", "mem_total_bytes"} <= metrics
+
+
+def test_children_shorter_than_a_tick_count_as_the_jobs_cpu(tmp_path: Path) -> None:
+    # never seen alive by two ticks, their CPU is known only from the root's reaped time;
+    # it once read as other work on the machine (compiling trials were run again as busy)
+    home = tmp_path / "h"
+    with RunStore(home) as store:
+        run_id = store.create_run(["compiler-like"])
+    root = subprocess.Popen(
+        [sys.executable, "-c", SHORT_CHILDREN_TREE.format(seconds=3.0)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    sampler = _start_sampler(home, run_id, root.pid, interval=0.5)
+    try:
+        _wait_for_samples(home, run_id)
+        root.stdin.write("go\n")
+        root.stdin.flush()
+        used_s = float(root.stdout.readline())
+        root.wait(timeout=60)
+        sampler.communicate(timeout=30)
+    finally:
+        root.kill()
+        sampler.kill()
+    with RunStore(home) as store:
+        samples = store.samples(run_id)
+    rows = samples[(samples["scope"] == "proc") & (samples["metric"] == "cpu_percent")]
+    ticks = rows["t"].to_numpy()
+    # each tick's rate covers the time since the one before it
+    counted_s = float((rows["value"].to_numpy()[1:] / 100.0 * (ticks[1:] - ticks[:-1])).sum())
+    assert used_s > 1.0  # the children did run
+    assert 0.7 * used_s <= counted_s <= 1.3 * used_s, (counted_s, used_s)

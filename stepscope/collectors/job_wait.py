@@ -40,9 +40,8 @@ def wait_for_job(
     step_count: Callable[[], int],
 ) -> JobEnd:
     """Wait for ``child``; end its process group at ``timeout_s`` of wall time, or after
-    ``stall_s`` (the launcher keeps it at least ``MIN_STALL_S``) without a new step once it
-    has recorded one
-    (``step_count``: the steps the store holds for the run so far)."""
+    ``stall_s`` (the launcher keeps it at least ``MIN_STALL_S``) without a new step once
+    it has recorded one (``step_count``: the steps the store holds for the run so far)."""
     if stall_s is None:
         try:
             return JobEnd(child.wait(timeout=timeout_s))

@@ -103,11 +103,11 @@ def launch_run(
     ``timeout_s`` ends a job still running after that long, process group and all, as
     ``failed`` with exit code 124 (timeout(1)'s); ``stall_s`` ends it the same way once
     it has recorded a step and then records none for that long (``job_wait``); ``quiet``
-    drops the launcher's lines; ``plan``: fixes for the bootstrap to apply (shape in ``contract.py``), written to
-    ``plan.json`` in the run folder, where it stays as the record of what was asked;
-    ``group``: the multi-node job this launcher is one node of (its run is joined, and
-    ended by the last launcher), None for a run of its own; ``announce``: the line that
-    says where the run is recorded, before the job starts.
+    drops the launcher's lines; ``plan``: fixes for the bootstrap to apply (shape in
+    ``contract.py``), written to ``plan.json`` in the run folder, where it stays as the
+    record of what was asked; ``group``: the multi-node job this launcher is one node of
+    (its run is joined, and ended by the last launcher), None for a run of its own;
+    ``announce``: the line that says where the run is recorded, before the job starts.
     """
     command = list(command)
     store = RunStore(home)

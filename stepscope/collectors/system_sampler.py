@@ -18,6 +18,10 @@ got, ``cpu_demand_percent`` adds the time its threads were ready to run but wait
 core (Linux's per-thread run-queue delay, ``/proc/<pid>/task/<tid>/schedstat``): on a
 machine shared with other work a CPU-bound DataLoader gets less than a core, but it still
 asks for one, and what it asks for is what tells CPU work from waiting on I/O.
+
+The tree's CPU counts the children it reaped between two samples too: ``torch.compile``
+on a CPU runs a C++ compiler per kernel (15 s of CPU beside the job's own 4 s), unseen
+by the ticks; it read as other work, and compiling trials on a quiet machine as "busy".
 """
 
 from __future__ import annotations
@@ -51,6 +55,9 @@ class _ProcState:
     io: tuple[float, float, float, float] | None  # read_bytes, write_bytes, read_chars, write_chars
     threads: dict[int, float] = field(default_factory=dict)  # thread id -> cpu seconds
     queued: dict[int, float] | None = None  # thread id -> seconds waiting for a core
+    reaped_s: float = 0.0  # cpu seconds of its children it has reaped
+    counted_s: float = 0.0  # cpu seconds this process and its reaped children were counted
+    ppid: int | None = None
 
 
 class ProcessTreeSampler:
@@ -61,6 +68,9 @@ class ProcessTreeSampler:
         self._procs: dict[int, psutil.Process] = {pid: self.root}
         self._state: dict[tuple[int, float], _ProcState] = {}
         self.pids: set[int] = {pid}
+        # parent pid -> cpu seconds of its vanished children already counted, taken off its
+        # reaped time as it grows (a child's whole time lands there when it is reaped)
+        self._counted_children: dict[int, float] = {}
 
     def root_alive(self) -> bool:
         try:
@@ -102,6 +112,10 @@ class ProcessTreeSampler:
                     key = (proc.pid, proc.create_time())
                     ct = proc.cpu_times()
                     cpu_s = ct.user + ct.system
+                    reaped_s = getattr(ct, "children_user", 0.0) + getattr(
+                        ct, "children_system", 0.0
+                    )
+                    ppid = proc.ppid()
                     mem = proc.memory_info()
                     n_threads = proc.num_threads()
                     io = read.io(proc)
@@ -114,10 +128,16 @@ class ProcessTreeSampler:
             rss += mem.rss
             threads += n_threads
             prev = self._state.get(key)
+            counted = 0.0
             if prev is not None and now > prev.wall:
                 dt = now - prev.wall
                 cpu = max(0.0, cpu_s - prev.cpu_s) / dt * 100.0
-                total_cpu += cpu
+                reaped = max(0.0, reaped_s - prev.reaped_s)
+                seen = min(self._counted_children.get(proc.pid, 0.0), reaped)
+                if seen:
+                    self._counted_children[proc.pid] -= seen
+                counted = prev.counted_s + max(0.0, cpu_s - prev.cpu_s) + reaped - seen
+                total_cpu += cpu + (reaped - seen) / dt * 100.0
                 max_proc_cpu = max(max_proc_cpu, cpu)
                 for tid, tcpu in thread_times.items():
                     before = prev.threads.get(tid)
@@ -137,8 +157,13 @@ class ProcessTreeSampler:
                     for i in range(4):
                         io_rate[i] += max(0.0, io[i] - prev.io[i]) / dt
             new_state[key] = _ProcState(
-                cpu_s=cpu_s, wall=now, io=io, threads=thread_times, queued=queued
+                cpu_s, now, io, thread_times, queued, reaped_s, counted, ppid
             )
+        for key, old in self._state.items():
+            if key not in new_state and old.ppid in pids and old.counted_s > 0:
+                self._counted_children[old.ppid] = (
+                    self._counted_children.get(old.ppid, 0.0) + old.counted_s
+                )
         first = not self._state
         self._state = new_state
         self.pids = pids or self.pids

@@ -31,7 +31,7 @@ MIN_TIMEOUT_S = 60.0
 TIMEOUT_FACTOR = 5.0
 FALLBACK_TIMEOUT_S = 600.0  # the baseline's length is unknown (it never recorded a step)
 SLOW_START_ALLOWANCE_S = 300.0
-MIN_STALL_S = 60.0
+MIN_AUTO_STALL_S = 60.0
 STALL_FACTOR = 10.0
 
 
@@ -125,7 +125,7 @@ class Timeouts:
     def stall(self, fixes: list[str]) -> float:
         if self.explicit_stall is not None:
             return float(self.explicit_stall)
-        value = max(MIN_STALL_S, STALL_FACTOR * (self.gap or 0.0))
+        value = max(MIN_AUTO_STALL_S, STALL_FACTOR * (self.gap or 0.0))
         if slow_starting(fixes):
             value += SLOW_START_ALLOWANCE_S
         return round(value, 1)

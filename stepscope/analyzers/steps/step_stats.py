@@ -28,23 +28,22 @@ Decisions, and why:
   trained and ``steps_per_worker`` splits their steps.
 * **Outlier waits.** The data-wait share is a ratio of sums, so one long pause inside
   ``DataLoader.__next__`` (a garbage-collection pause, a cold cache, a lazy file open)
-  can make a job whose median wait is 0.4 ms look "highly input-bound" (a real
-  Lightning job: one 196 ms pause became a 46.5 % share, and the workers fix measured
-  0.82x). Such steps are left out of the share (``data_wait_share``; the plain ratio of
-  sums stays as ``data_wait_share_raw``) when all of these hold: the wait is beyond
-  Tukey's far-out fence (Q3 + 3 IQR of the timed steps' waits), longer than a median
-  step (shorter pauses cannot move the share) and than five median waits (a job that
-  waits 20 ms every step has a regular enough wait for a 43 ms one, a fetch preempted on
-  a busy machine, to clear the fence: jitter, not a pause), the steps are few (at most 5 % of the
-  timed steps, or one in a run of 10 or more; and fewer than one per round of the
-  loader's workers, since a job whose workers deliver their batches together waits on
-  one step in ``workers``), and they are not evenly spaced (that is a pattern, not an
-  accident). When more steps clear the fence than that, the longest of them are still
-  left out if they hold at least 75 % of the flagged waiting: on a busy machine a 0.2 s
-  pause comes with a few 10 ms waits (the first batch after a validation loop) that
-  clear it too, and those stay in the share. A job that waits on every step, or on
-  many, keeps its share. The step-time figures keep those steps: the
-  job did spend that time.
+  can make a job whose median wait is 0.4 ms look "highly input-bound" (a real Lightning
+  job: one 196 ms pause became a 46.5 % share, and the workers fix measured 0.82x). Such
+  steps are left out of the share (``data_wait_share``; the plain ratio of sums stays as
+  ``data_wait_share_raw``) when all of these hold: the wait is beyond Tukey's far-out
+  fence (Q3 + 3 IQR of the timed steps' waits), longer than a median step (shorter
+  pauses cannot move the share) and than five median waits (a job that waits 20 ms every
+  step has a regular enough wait for a 43 ms one, a fetch preempted on a busy machine,
+  to clear the fence: jitter, not a pause), the steps are few (at most 5 % of the timed
+  steps, or one in a run of 10 or more; and fewer than one per round of the loader's
+  workers, since a job whose workers deliver their batches together waits on one step in
+  ``workers``), and they are not evenly spaced (that is a pattern, not an accident).
+  When more steps clear the fence than that, the longest of them are still left out if
+  they hold at least 75 % of the flagged waiting: on a busy machine a 0.2 s pause comes
+  with a few 10 ms waits (the first batch after a validation loop) that clear it too,
+  and those stay in the share. A job that waits on every step, or on many, keeps its
+  share. The step-time figures keep those steps: the job did spend that time.
 * **Phases** (``phases``): the mean seconds per step in data wait, forward, backward and
   optimizer (the step timer's exclusive host times, ``collectors/step_accounting.py``)
   and "other" (the step minus those four, never below 0: the loop's own Python,
