@@ -111,8 +111,9 @@ class Timeouts:
         self.explicit_stall = explicit_stall
         self.store = store
         self.longest: float | None = None
-        self.estimate = _estimate_trial_s(store, baseline_run, steps)
-        self.gap = _longest_gap_s(store.steps(baseline_run["id"]))
+        recorded = store.steps(baseline_run["id"])  # read once for both figures
+        self.estimate = _estimate_trial_s(baseline_run, recorded, steps)
+        self.gap = _longest_gap_s(recorded)
 
     def observe(self, run: dict[str, Any]) -> None:
         if run.get("ended_at") and run.get("started_at"):
@@ -153,10 +154,9 @@ def _longest_gap_s(steps: Any) -> float | None:
     return None if ends.isna().all() else float(ends.max())
 
 
-def _estimate_trial_s(store: Any, run: dict[str, Any], steps: int) -> float | None:
-    """Seconds a trial of ``steps`` steps should take, from the recorded run."""
+def _estimate_trial_s(run: dict[str, Any], recorded: Any, steps: int) -> float | None:
+    """Seconds a trial of ``steps`` steps should take, from the recorded run and its steps."""
     started, ended = run.get("started_at"), run.get("ended_at")
-    recorded = store.steps(run["id"])
     if started and not recorded.empty:
         startup = max(0.0, float(recorded["start_s"].min()) - float(started))
         median = float((recorded["end_s"] - recorded["start_s"]).median())
