@@ -32,9 +32,12 @@ from calibrations import ROUND_CALIBRATION
 from dashboard_helpers import end_process, start_plain_job
 from recordings import ib_profiled
 
+from stepscope import fixes
 from stepscope.analyzers.steps.step_stats import summarize_steps
 from stepscope.app.formats import fmt_pct, fmt_s
+from stepscope.optim_runner.plan import PlannedFix
 from stepscope.optim_runner.stats import speedup_ci, timed_step_times
+from stepscope.optim_runner.trials import candidate_arms
 from stepscope.store import RunStore
 from stepscope.store.calibration import save_calibration
 
@@ -76,6 +79,13 @@ def _screenshot(page, name: str, folder: Path) -> Path:
         shutil.copy(path, Path(extra) / path.name)
     page.set_viewport_size({"width": 1400, "height": 1000})
     return path
+
+
+def _arm_count(fix_ids: set[str]) -> int:
+    """The arms the page should plan for these fixes: the baseline and the experiment's own
+    arms (a fix alone runs with the fix it needs, so it can repeat the all-fixes arm)."""
+    plan = [PlannedFix(id=i, needs=fixes.get(i).needs) for i in sorted(fix_ids)]
+    return 1 + len(candidate_arms(plan))
 
 
 def _no_error_on_page(page) -> None:
@@ -175,12 +185,12 @@ def test_runs_run_diagnose_optimize_compare_in_chromium(
             # (counted earlier, a busy machine's page may not have drawn the last ones yet)
             expect(page.get_by_text(re.compile(r"^\d+ arms \("))).to_be_visible()
             toggles = ("Keep values my script set", "Allow numerics")
-            checked = sum(
-                1
+            checked = {
+                boxes.nth(i).locator("code").inner_text()
                 for i in range(boxes.count())
                 if not any(t in boxes.nth(i).inner_text() for t in toggles)
                 and boxes.nth(i).locator("input").is_checked()
-            )
+            }
             for i in range(boxes.count()):
                 box = boxes.nth(i)
                 text = box.inner_text()
@@ -194,8 +204,8 @@ def test_runs_run_diagnose_optimize_compare_in_chromium(
                     expect(box.locator("input")).not_to_be_checked()
                     # the rerun this click started is over before the next click: a click
                     # that lands during a rerun can be undone by it
-                    checked -= 1
-                    arms = checked + 2 if checked >= 2 else 2
+                    checked.discard(box.locator("code").inner_text())
+                    arms = _arm_count(checked)
                     expect(page.get_by_text(re.compile(rf"^{arms} arms \("))).to_be_visible()
             expect(
                 page.get_by_text("2 arms (the baseline, all checked fixes together)")
