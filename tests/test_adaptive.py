@@ -31,6 +31,7 @@ from stepscope.optim_runner.adaptive import (
     MIN_TRIALS,
     Decision,
     Interval,
+    between_alike,
     budget_reached,
     check_budget,
     decide,
@@ -38,6 +39,7 @@ from stepscope.optim_runner.adaptive import (
 )
 from stepscope.optim_runner.design import Design
 from stepscope.optim_runner.experiment import run_experiment
+from stepscope.optim_runner.plan import PlannedFix
 from stepscope.optim_runner.repeats import (
     PER_ARM,
     Repeats,
@@ -120,6 +122,32 @@ def test_the_experiment_ends_when_every_candidate_is_decided() -> None:
 
 
 # -- the budget --------------------------------------------------------------------------
+def test_an_arm_between_two_that_measured_alike_is_not_run() -> None:
+    workers = _iv("dataloader_workers", 4.7, 4.2, 5.2, trials=1)
+    every = _iv("all", 4.6, 4.0, 5.3, trials=1)
+    low, high = {"dataloader_workers"}, {"dataloader_workers", "prefetch_factor", "persistent"}
+    between = {"dataloader_workers", "prefetch_factor"}
+    why = between_alike(between, [(low, workers), (high, every)])
+    assert why == (
+        "not run: its fixes lie between dataloader_workers and all, which measured alike "
+        "(4.70x, 4.20-5.20 and 4.60x, 4.00-5.30): what all adds to dataloader_workers "
+        "changed nothing measurable"
+    )
+    # all clearly ahead of the workers alone: what it adds may come from either fix
+    ahead = _iv("all", 6.0, 5.5, 6.5, trials=1)
+    assert between_alike(between, [(low, workers), (high, ahead)]) is None
+    # not clearly faster than the baseline, a failed guard, a median that disagrees
+    for odd in (
+        _iv("all", 1.02, 0.95, 1.1),
+        _iv("all", 4.6, 4.0, 5.3, keepable=False),
+        _iv("all", 4.6, 4.0, 5.3, agrees=False),
+    ):
+        assert between_alike(between, [(low, workers), (high, odd)]) is None
+    # only strictly between: not the two arms themselves, not a set beside them
+    assert between_alike(low, [(low, workers), (high, every)]) is None
+    assert between_alike({"prefetch_factor"}, [(low, workers), (high, every)]) is None
+
+
 def test_the_budget_is_reached_when_the_next_round_would_end_past_it() -> None:
     trial_s = {"baseline": [10.0, 12.0], "all": [20.0], "slow": []}
     # each arm's mean trial; an arm not run yet counts as the slowest one
@@ -183,6 +211,30 @@ def test_the_design_ends_when_the_best_is_clear() -> None:
     go_on, stopped = _between(design, _arms(baseline=2, fast=2, slow=2))
     assert go_on is False and [n for n, _ in stopped] == ["slow"]
     assert design.ended["trials"].startswith("fast is clearly the fastest")
+
+
+def test_the_design_gives_no_trial_to_an_arm_between_alike_ones() -> None:
+    def arm(name: str, fixes: list[str], runs: int) -> Arm:
+        planned = [PlannedFix(f) for f in fixes]
+        return Arm(name, "baseline" if not fixes else "alone", planned, runs=list(range(runs)))
+
+    figures = {"low": FIGURES["fast"], "high": {**FIGURES["fast"], "speedup": 1.55}}
+    arms = [arm("baseline", [], 1), arm("high", ["a", "b", "c"], 1), arm("low", ["a"], 1)]
+    middle = arm("middle", ["a", "b"], 0)
+    judge = lambda a: figures[a.name]  # noqa: E731
+    design = Design(full=False, budget_min=30, max_rounds=3)
+    why = design.before_trial(middle, [*arms, middle], judge)
+    assert why is not None and why.startswith("not run: its fixes lie between low and high")
+    assert design.to_json({"trials": 1})["stopped"] == {"middle": why}
+    # an arm that has run, the full design, and a baseline not run yet: it runs
+    assert design.before_trial(arm("middle", ["a", "b"], 1), arms, judge) is None
+    assert (
+        Design(full=True, budget_min=None, max_rounds=3).before_trial(middle, arms, judge) is None
+    )
+    unrun = [arm("baseline", [], 0), *arms[1:]]
+    assert (
+        Design(full=False, budget_min=30, max_rounds=3).before_trial(middle, unrun, judge) is None
+    )
 
 
 def test_full_never_stops_and_has_no_budget() -> None:
@@ -422,6 +474,55 @@ def test_full_runs_every_trial(slow_fix: tuple[Path, int]) -> None:
         row = store.experiment(result["experiment_id"])
     assert row["progress"]["done"] == row["progress"]["total"] == 6
     assert row["config"]["full"] is True and row["config"]["budget_min"] is None
+
+
+def test_arms_between_alike_ones_get_no_trial_in_a_real_experiment(tmp_path: Path) -> None:
+    """The loader fixes: the workers halve each step's wait; prefetching and persistent
+    workers change nothing here. Once the workers alone and all three together measured
+    alike, the two arms in between are not run, and the workers are kept."""
+    home = tmp_path / "home"
+    command = [sys.executable, str(JOBS / "plan_effects.py"), "--steps", "40", "--wait", "0.05"]
+    command += ["--effect", "dataloader_workers=fast"]
+    run_id, code = launch_run(command, home=home, max_steps=6, quiet=True)
+    assert code == 0
+    states: list[dict[str, Any]] = []
+    with RunStore(home) as store:
+        result = run_experiment(
+            store,
+            run_id,
+            fixes=["dataloader_workers", "prefetch_factor", "persistent_workers"],
+            steps=8,
+            trials=3,
+            progress=states.append,
+        )
+    by_name = {c["name"]: c for c in result["candidates"]}
+    assert result["arm_order"][0] == ["baseline", "all", "dataloader_workers"]
+    for name in ("prefetch_factor", "persistent_workers"):
+        cand = by_name[name]
+        assert (cand["status"], cand["runs"], cand["speedup"]) == ("not run", [], None)
+        assert cand["stopped"].startswith(
+            "not run: its fixes lie between dataloader_workers and all, which measured alike ("
+        )
+        assert stopped_status(cand, result) == "not run"
+    fixes = {f["id"]: f for f in result["fixes"]}
+    assert fixes["prefetch_factor"]["status"] == "not run"
+    assert fixes["prefetch_factor"]["note"] == by_name["prefetch_factor"]["stopped"]
+    assert fixes["prefetch_factor"]["kept"] is False
+    assert result["best"]["fixes"] == ["dataloader_workers"]
+    design = result["design"]
+    assert design["rounds"] == 1 and set(design["stopped"]) == {
+        "prefetch_factor",
+        "persistent_workers",
+    }
+    # the progress: 15 trials planned, 3 run; each arm not run said so as it was skipped
+    decisions = [s for s in states if s["event"] == "decision"]
+    assert [list(d["stopped"]) for d in decisions[:2]] == [
+        ["prefetch_factor"],
+        ["persistent_workers"],
+    ]
+    assert states[-1]["done"] == states[-1]["total"] == 3
+    text = _rendered(result)
+    assert "not run" in text and "prefetch_factor: not run: its fixes lie between" in text
 
 
 # -- the Optimize page tells the same story as the CLI -------------------------------------

@@ -18,10 +18,12 @@ def trials_phrase(result: dict[str, Any]) -> str:
 
 
 def stopped_status(candidate: dict[str, Any], result: dict[str, Any]) -> str | None:
-    """A stopped candidate's status cell: 'stopped (2 of 3 trials)'; None otherwise."""
+    """A stopped candidate's status cell: 'stopped (2 of 3 trials)', or 'not run' for one
+    stopped before its first trial; None otherwise."""
     if not candidate.get("stopped"):
         return None
-    return f"stopped ({len(candidate.get('runs') or [])} of {result['trials']} trials)"
+    runs = len(candidate.get("runs") or [])
+    return f"stopped ({runs} of {result['trials']} trials)" if runs else "not run"
 
 
 def stopped_lines(result: dict[str, Any]) -> list[tuple[str, str]]:

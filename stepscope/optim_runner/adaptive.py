@@ -29,6 +29,15 @@ The rules, and why:
   (``agreement.py``): an arm whose throughput interval is above 1 while its median step
   disagrees is not clear of the baseline, so it does not end the experiment (more
   trials may settle the median); it still ranks, and stops others, on its throughput.
+* **An arm between two arms that measured alike is not run.** The fixes an arm adds
+  on top of a fix it needs lie between that fix alone and all fixes together
+  (``prefetch_factor`` with the workers it needs, between the workers alone and
+  everything): when those two are clearly faster and alike (their intervals overlap,
+  as leaders alike do), what "all" adds to the workers changed nothing measurable, so
+  no part of it is expected to. Decided before each trial of the first round, so the
+  arm costs no trial at all; it is reported as not run, with the two arms and their
+  figures. It assumes the fixes in between do not cancel each other out (one faster,
+  one as much slower): ``--full`` runs every arm.
 * **The budget**: before a round, when the elapsed time plus the round's forecast (each
   arm's mean trial so far) would exceed it, the experiment ends with what it has. The
   first round always runs: it is what the forecast is made of, and without it nothing
@@ -134,6 +143,33 @@ def decide(
     return Decision(stops, None)
 
 
+def alike(a: Interval, b: Interval) -> bool:
+    """Both clearly faster, both keepable, and neither clearly ahead of the other (their
+    intervals overlap): what ``decide`` calls leaders alike."""
+    return (
+        a.keepable
+        and b.keepable
+        and a.clearly_faster
+        and b.clearly_faster
+        and (a.lo or 0.0) <= (b.hi or 0.0)
+        and (b.lo or 0.0) <= (a.hi or 0.0)
+    )
+
+
+def between_alike(fixes: set[str], measured: list[tuple[set[str], Interval]]) -> str | None:
+    """Why an arm of ``fixes`` is not run: two measured arms (fix set, figures), one of
+    fewer fixes and one of more, that measured alike; None when there are none."""
+    for low_fixes, low in measured:
+        for high_fixes, high in measured:
+            if low_fixes < fixes < high_fixes and alike(low, high):
+                return (
+                    f"not run: its fixes lie between {low.name} and {high.name}, which "
+                    f"measured alike ({low.text()} and {high.text()}): what {high.name} "
+                    f"adds to {low.name} changed nothing measurable"
+                )
+    return None
+
+
 def best_of(candidates: list[Interval]) -> Interval | None:
     """The fastest measured candidate whose guard has not failed; None when none is."""
     pool = [c for c in candidates if c.measured and c.keepable]
@@ -182,7 +218,9 @@ __all__ = [
     "MIN_TRIALS",
     "Decision",
     "Interval",
+    "alike",
     "best_of",
+    "between_alike",
     "budget_reached",
     "budget_text",
     "check_budget",

@@ -8,6 +8,8 @@ to the trials so far and keeps what the result reports about them:
   their remaining trials out of the progress total), the phase ends when the best
   candidate is clear or every candidate is decided, and no round starts that the
   budget cannot hold;
+* **adaptive, within the first round**: an arm whose fixes lie between two candidates
+  that measured alike gets no trial (``before_trial``);
 * **full**: every arm that has not failed gets every trial, and there is no budget:
   today's fixed design, for whoever wants it and for ``bench/time_to_verdict.py``.
 
@@ -24,6 +26,7 @@ from typing import Any
 from stepscope.optim_runner.adaptive import (
     MIN_TRIALS,
     Interval,
+    between_alike,
     budget_reached,
     budget_text,
     decide,
@@ -96,6 +99,24 @@ class Design:
             self.ended[phase] = budget_text(self.budget_min or 0.0)
             return False
         return True
+
+    def before_trial(
+        self, arm: Arm, arms: list[Arm], judge: Callable[[Arm], dict[str, Any]]
+    ) -> str | None:
+        """Why ``arm`` (not run yet) gets no trial at all: it lies between two measured
+        candidates of ``arms`` (``arms[0]``: the baseline) that measured alike; None
+        when it runs (always in the full design)."""
+        if self.full or arm.runs or len(arms[0].runs) < MIN_TRIALS:
+            return None
+        measured = [a for a in arms[1:] if a.runs and not a.failed]
+        fixes = set(arm.fix_ids)
+        pairs = [(set(a.fix_ids), a) for a in measured]
+        if not any(low < fixes for low, _ in pairs) or not any(fixes < high for high, _ in pairs):
+            return None  # nothing on one side: nothing to judge
+        why = between_alike(fixes, [(f, interval(a, judge(a))) for f, a in pairs])
+        if why is not None:
+            self.stopped[arm.name] = why
+        return why
 
     def budget_allows(self, arms: list[str], trial_s: dict[str, list[float]]) -> bool:
         """Can a round of ``arms`` still end within the budget?"""

@@ -246,6 +246,11 @@ class _Runner(TrialLoop):
             lambda arm, why: self._stop(arm, why, k),
         )
 
+    def _before_trial(self, phase: str, arm: Arm, arms: list[Arm]) -> str | None:
+        if phase != "trials":  # the confirmation's two arms always run
+            return None
+        return self.design.before_trial(arm, arms, self._evaluate)
+
     def _all_arms(self) -> list[Arm]:
         extra = [self.confirm] if self.confirm is not None else []
         return [*self.arms, *extra]

@@ -11,8 +11,9 @@ dashboard follows it), and how the experiment's row ends are the same, and live 
   and the experiment ends; any other arm that fails is dropped (``failures.py``) and its
   remaining trials leave the total, so the progress bar stays honest.
 * **Between rounds** an experiment may stop arms or end (``_between_rounds``: the
-  adaptive design, ``design.py``); a stopped arm's remaining trials, and the rounds not
-  run, leave the total as a failed arm's do.
+  adaptive design, ``design.py``), and before a trial it may stop the arm
+  (``_before_trial``); a stopped arm's remaining trials, and the rounds not run, leave
+  the total as a failed arm's do.
 * **A busy trial is run again** where the experiment repeats them (``repeats.py``): its
   run stays in the store, out of its arm's runs, and the total grows by one.
 * **The row tells the truth.** ``run_recorded`` marks the experiment completed with its
@@ -96,9 +97,16 @@ class TrialLoop(ABC):
             if k and not self._next_round(phase, k, arms):
                 break
             order = rotated([a for a in arms if a.runnable], k)
+            ran = [a.name for a in order]
             if record:
-                self.order.append([a.name for a in order])
+                self.order.append(ran)
             for arm in order:
+                why = self._before_trial(phase, arm, arms)
+                if why is not None:  # it gets no trial: out of the round's order
+                    ran.remove(arm.name)
+                    self._stop(arm, why, k)
+                    self._decided(phase, k, {arm.name: why}, None, [f"{arm.name}: {why}"])
+                    continue
                 self._trial(arm, k, phase)
             self.rounds[phase] = k + 1
 
@@ -126,6 +134,11 @@ class TrialLoop(ABC):
         """Before round ``k`` (>= 1): does it run? Every round runs unless a kind of
         experiment decides otherwise (``experiment.py``: the adaptive design)."""
         return True
+
+    def _before_trial(self, phase: str, arm: Arm, arms: list[Arm]) -> str | None:
+        """Why ``arm`` gets no trial now (it is stopped); None: it runs. Every arm runs
+        unless a kind of experiment decides otherwise (``experiment.py``)."""
+        return None
 
     def _stop(self, arm: Arm, why: str, k: int) -> None:
         """No more trials for ``arm`` from round ``k`` on: they leave the total."""

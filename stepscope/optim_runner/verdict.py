@@ -46,6 +46,7 @@ from stepscope.optim_runner.trials import Arm
 
 FASTER = "faster"
 NOT_APPLIED = "not_applied"
+NOT_RUN = "not run"  # an arm the adaptive design gave no trial (adaptive.between_alike)
 
 
 # -- one arm's figures -------------------------------------------------------------------
@@ -179,6 +180,9 @@ def evaluate(
         return out
     if arm.failed:
         return out
+    if not arm.runs:  # the adaptive design did not run it (``arm.stopped`` says why)
+        out["status"] = NOT_RUN
+        return out
     cand, base = figures(store, arm.runs), figures(store, ref.runs)
     out["warmup"] = cand.warmup()
     step_ci = ratio_ci(base.step_times, cand.step_times)
@@ -236,7 +240,11 @@ def per_fix(
         if outcome is not None and fix.needs:
             # its own gain: over the fix it needs, run alone
             need_arm = by_fixes.get((fix.needs,))
-            if need_arm is not None and not need_arm.failed and outcome["status"] != "failed":
+            if (
+                need_arm is not None
+                and not need_arm.failed
+                and outcome["status"] not in ("failed", NOT_RUN)
+            ):
                 marginal = evaluate(store, own, baseline, tolerance, against=need_arm)
                 measured = _pick(marginal)
                 against = fix.needs
@@ -271,6 +279,8 @@ def per_fix(
             "kept": kept,
             "not_applied_why": why_not,
             "disagreement": _disagreement(measured),
+            # why the adaptive design gave its arm no trial
+            "not_run_why": outcome.get("stopped") if status == NOT_RUN else None,
             "note": None,
         }
     for fix in planned:  # a fix is only worth what the fix it needs is worth
@@ -317,7 +327,7 @@ def annotate(
     trials = figures(store, baseline_runs).median_step
     diagnosed = summarize_steps(store.steps(diagnosed_run_id))["step_time_median_s"]
     for entry in per_fix.values():
-        notes = [entry["disagreement"]] if entry.get("disagreement") else []
+        notes = [x for x in (entry.get("disagreement"), entry.get("not_run_why")) if x]
         if entry["kept"] and entry["id"] not in chosen:
             entry["kept"] = False
             notes.append(
@@ -375,6 +385,7 @@ __all__ = [
     "DISAGREE",
     "FASTER",
     "NOT_APPLIED",
+    "NOT_RUN",
     "Figures",
     "annotate",
     "best_from",
