@@ -32,9 +32,9 @@ The rules, and why:
 * **An arm between two arms that measured alike is not run.** The fixes an arm adds
   on top of a fix it needs lie between that fix alone and all fixes together
   (``prefetch_factor`` with the workers it needs, between the workers alone and
-  everything): when those two are clearly faster and alike (their intervals overlap,
-  as leaders alike do), what "all" adds to the workers changed nothing measurable, so
-  no part of it is expected to. Decided before each trial of the first round, so the
+  everything): when those two are clearly faster and the larger, measured directly
+  against the smaller, changed nothing measurable (its interval includes 1), no part
+  of what it adds is expected to. Decided before each trial of the first round, so the
   arm costs no trial at all; it is reported as not run, with the two arms and their
   figures. It assumes the fixes in between do not cancel each other out (one faster,
   one as much slower): ``--full`` runs every arm.
@@ -46,6 +46,7 @@ The rules, and why:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 # Trials every arm (the baseline too) has before any arm stops or the experiment ends.
@@ -143,29 +144,31 @@ def decide(
     return Decision(stops, None)
 
 
-def alike(a: Interval, b: Interval) -> bool:
-    """Both clearly faster, both keepable, and neither clearly ahead of the other (their
-    intervals overlap): what ``decide`` calls leaders alike."""
-    return (
-        a.keepable
-        and b.keepable
-        and a.clearly_faster
-        and b.clearly_faster
-        and (a.lo or 0.0) <= (b.hi or 0.0)
-        and (b.lo or 0.0) <= (a.hi or 0.0)
-    )
+def between_alike(
+    fixes: set[str],
+    measured: list[tuple[set[str], Interval]],
+    added: Callable[[str, str], Interval],
+) -> str | None:
+    """Why an arm of ``fixes`` is not run: two measured arms (fix set, figures against the
+    baseline), one of fewer fixes and one of more, both clearly faster, where the larger
+    measured against the smaller (``added(larger, smaller)``) changed nothing measurable
+    (its interval includes 1); None when there are none.
 
-
-def between_alike(fixes: set[str], measured: list[tuple[set[str], Interval]]) -> str | None:
-    """Why an arm of ``fixes`` is not run: two measured arms (fix set, figures), one of
-    fewer fixes and one of more, that measured alike; None when there are none."""
+    The two are compared directly, not by their intervals against the baseline: in one
+    demo run all fixes measured 6.53x (5.38-7.79) and the workers alone 4.74x
+    (4.17-5.40), intervals that overlap, while what "all" added was not nothing."""
     for low_fixes, low in measured:
         for high_fixes, high in measured:
-            if low_fixes < fixes < high_fixes and alike(low, high):
+            if not (low_fixes < fixes < high_fixes):
+                continue
+            if not all(x.keepable and x.clearly_faster for x in (low, high)):
+                continue
+            more = added(high.name, low.name)
+            if more.measured and (more.lo or 0.0) <= 1.0 <= (more.hi or 0.0):
                 return (
-                    f"not run: its fixes lie between {low.name} and {high.name}, which "
-                    f"measured alike ({low.text()} and {high.text()}): what {high.name} "
-                    f"adds to {low.name} changed nothing measurable"
+                    f"not run: its fixes lie between {low.name} ({low.text()}) and "
+                    f"{high.name} ({high.text()}), and {high.name} measured against "
+                    f"{low.name} changed nothing measurable ({more.text()})"
                 )
     return None
 
@@ -218,7 +221,6 @@ __all__ = [
     "MIN_TRIALS",
     "Decision",
     "Interval",
-    "alike",
     "best_of",
     "between_alike",
     "budget_reached",

@@ -9,7 +9,7 @@ to the trials so far and keeps what the result reports about them:
   candidate is clear or every candidate is decided, and no round starts that the
   budget cannot hold;
 * **adaptive, within the first round**: an arm whose fixes lie between two candidates
-  that measured alike gets no trial (``before_trial``);
+  that differ by nothing measurable gets no trial (``before_trial``);
 * **full**: every arm that has not failed gets every trial, and there is no budget:
   today's fixed design, for whoever wants it and for ``bench/time_to_verdict.py``.
 
@@ -101,19 +101,27 @@ class Design:
         return True
 
     def before_trial(
-        self, arm: Arm, arms: list[Arm], judge: Callable[[Arm], dict[str, Any]]
+        self,
+        arm: Arm,
+        arms: list[Arm],
+        judge: Callable[[Arm, Arm | None], dict[str, Any]],
     ) -> str | None:
         """Why ``arm`` (not run yet) gets no trial at all: it lies between two measured
-        candidates of ``arms`` (``arms[0]``: the baseline) that measured alike; None
-        when it runs (always in the full design)."""
+        candidates of ``arms`` (``arms[0]``: the baseline) that differ by nothing
+        measurable; ``judge(a, against)``: ``a``'s figures against another arm (None: the
+        baseline). None when it runs (always in the full design)."""
         if self.full or arm.runs or len(arms[0].runs) < MIN_TRIALS:
             return None
-        measured = [a for a in arms[1:] if a.runs and not a.failed]
         fixes = set(arm.fix_ids)
-        pairs = [(set(a.fix_ids), a) for a in measured]
+        pairs = [(set(a.fix_ids), a) for a in arms[1:] if a.runs and not a.failed]
         if not any(low < fixes for low, _ in pairs) or not any(fixes < high for high, _ in pairs):
             return None  # nothing on one side: nothing to judge
-        why = between_alike(fixes, [(f, interval(a, judge(a))) for f, a in pairs])
+        by_name = {a.name: a for _, a in pairs}
+        why = between_alike(
+            fixes,
+            [(f, interval(a, judge(a, None))) for f, a in pairs],
+            lambda high, low: interval(by_name[high], judge(by_name[high], by_name[low])),
+        )
         if why is not None:
             self.stopped[arm.name] = why
         return why
