@@ -27,6 +27,7 @@ from stepscope.analyzers.report.run_diff_ops import diff_runs
 from stepscope.analyzers.trace.load import TraceError
 from stepscope.errors import one_line_error
 from stepscope.optim_runner.failures import trial_error
+from stepscope.optim_runner.verdict import NOT_RUN
 from stepscope.store import RunNotFound, StoreError
 
 NOTHING = "no measurable change in any operator or phase"
@@ -122,6 +123,9 @@ def explain_result(store: Any, result: dict[str, Any], limit: int = 3) -> dict[s
         name = str(c.get("name"))
         if c.get("status") == "not_applied":
             out[name] = unknown("its fixes did not take effect")
+            continue
+        if c.get("status") == NOT_RUN:
+            out[name] = unknown("not run")
             continue
         base_runs = base.get("confirm_runs") if name == "confirm" else base.get("runs")
         ref, run = _first_done(store, base_runs), _first_done(store, c.get("runs"))

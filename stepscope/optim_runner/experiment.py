@@ -25,6 +25,9 @@ Decisions taken here, and why:
   user asked to try them; the trial's log says what each replaced.
 * **The kept combination is measured.** When no arm ran exactly the fixes worth
   keeping, a confirmation arm runs them against baseline trials run beside it.
+* **More fixes can beat the kept ones** (``stacked.py``): an arm that holds the kept
+  fixes and more, measured clearly faster than their best candidate, becomes the best
+  (fixes that pay only once another bottleneck is gone).
 * **Adaptive by default** (``adaptive.py``, ``design.py``): after every round, once
   every arm has ``MIN_TRIALS`` trials, an arm whose interval is decided stops getting
   trials, and the experiment ends when the best candidate is clear or its budget
@@ -50,6 +53,7 @@ from stepscope.optim_runner.design import Design
 from stepscope.optim_runner.output_guard import DEFAULT_RECORDED_CALLS, check_limits, is_inference
 from stepscope.optim_runner.plan import PlannedFix
 from stepscope.optim_runner.repeats import Repeats, default_limit
+from stepscope.optim_runner.stacked import keep_together, over_json, wider_best
 from stepscope.optim_runner.trial_loop import (
     ExperimentError,
     ExperimentInterrupted,
@@ -217,8 +221,9 @@ class _Runner(TrialLoop):
             self.config["tolerance"],
         )
         kept = [f.id for f in self.planned if fixes[f.id]["kept"]]
-        best = self._best(kept)
+        best = self._best(kept, {f for f, e in fixes.items() if e["verdict"] == "slower"})
         annotate(self.store, fixes, best, self.baseline.runs, self.base["id"])
+        keep_together(fixes, best)
         return self._result(fixes, best)
 
     def _evaluate(self, arm: Arm, against: Arm | None = None) -> dict[str, Any]:
@@ -256,19 +261,30 @@ class _Runner(TrialLoop):
         return [*self.arms, *extra]
 
     # -- the best candidate --------------------------------------------------------------
-    def _best(self, kept: list[str]) -> dict[str, Any]:
-        """The fastest measured candidate made only of fixes worth keeping.
+    def _best(self, kept: list[str], slower_alone: set[str]) -> dict[str, Any]:
+        """The fastest measured candidate made only of fixes worth keeping, unless an arm
+        with more fixes measured clearly faster than it (``stacked.py``).
 
         The combination of all kept fixes is measured (its own arm, or a confirmation
         arm against baseline trials run beside it); a single fix that alone measured
         faster than the combination wins over it.
         """
-        if not kept:
-            return no_best()
-        wanted = tuple(sorted(kept))
-        if not any(tuple(sorted(a.fix_ids)) == wanted for a in self.arms[1:]):
-            self._confirm(kept)
-        top = pick_best(list(self.outcomes.values()), set(kept))
+        top = None
+        if kept:
+            wanted = tuple(sorted(kept))
+            if not any(tuple(sorted(a.fix_ids)) == wanted for a in self.arms[1:]):
+                self._confirm(kept)
+            top = pick_best(list(self.outcomes.values()), set(kept))
+        arms = {a.name: a for a in self._all_arms()}
+        wider = wider_best(
+            list(self.outcomes.values()),
+            top,
+            lambda o: self._evaluate(arms[o["name"]], against=arms[top["name"]]),
+            slower_alone,
+        )
+        if wider is not None:  # more fixes, measured clearly faster than the kept ones
+            arm, over = wider
+            return {**best_from(arm["fixes"], arm, confirmed=False), "over": over_json(top, over)}
         if top is None:
             return no_best()
         return best_from(top["fixes"], top, confirmed=top["name"] == "confirm")

@@ -31,6 +31,8 @@ from stepscope.app.formats import fmt_ci, fmt_ratio, guard_word, guarded
 from stepscope.app.ownership import rerun_refusal
 from stepscope.optim_runner.arm_changes import explain_result
 from stepscope.optim_runner.experiment import ExperimentError, run_experiment
+from stepscope.optim_runner.stacked import over_text
+from stepscope.optim_runner.verdict import NOT_RUN
 from stepscope.store import RunStore
 
 
@@ -295,6 +297,8 @@ def render(result: dict[str, Any], console: Any, changes: Mapping[str, str] | No
     best = result["best"]
     if best["fixes"]:
         how = "confirmed in a run of its own" if best.get("confirmed") else "measured"
+        over = over_text(best)
+        how += f"; {over}" if over else ""
         console.print(
             f"[bold green]Keep: {esc(', '.join(best['fixes']))}[/] — {fmt_ratio(best['speedup'], none='-')} "
             f"({fmt_ci(best['ci'], none='-')}, {how})"
@@ -374,7 +378,7 @@ def _verdict(verdict: str | None) -> str:
 
 def _quality(c: dict[str, Any]) -> str:
     if c.get("quality_ok") is None:
-        return "-" if c["status"] == "failed" else "not checked"
+        return "-" if c["status"] in ("failed", NOT_RUN) else "not checked"
     return f"[{'green' if c['quality_ok'] else 'red'}]{guard_word(c['quality_ok'])}[/]"
 
 

@@ -33,7 +33,9 @@ from stepscope.app.dashboard.tables import unknown_in_words
 from stepscope.app.design_text import design_line, repeat_line, stopped_status, trials_phrase
 from stepscope.app.formats import fmt_ci, fmt_num, fmt_ratio, fmt_s, guard_word, guarded, missing
 from stepscope.optim_runner.speed import compare_speed
+from stepscope.optim_runner.stacked import over_text
 from stepscope.optim_runner.stats import timed_step_times
+from stepscope.optim_runner.verdict import NOT_RUN
 
 #: the ablation's column of what each arm changed (optim_runner/arm_changes.py)
 CHANGES = "changed most vs baseline"
@@ -70,7 +72,7 @@ def _quality(c: dict[str, Any]) -> str:
     if c.get("status") == "not_applied":
         return "—"
     if c.get("quality_ok") is None:
-        return "—" if c["status"] == "failed" else "not checked"
+        return "—" if c["status"] in ("failed", NOT_RUN) else "not checked"
     return guard_word(c["quality_ok"])
 
 
@@ -79,6 +81,8 @@ def verdict(result: dict[str, Any]) -> None:
     best, base = result["best"], result["baseline"]
     if best.get("fixes"):
         how = "confirmed in trials of its own" if best.get("confirmed") else "measured"
+        over = over_text(best)
+        how += f"; {over}" if over else ""
         st.success(
             f"Keep **{', '.join(best['fixes'])}**: {fmt_ratio(best['speedup'])} the throughput "
             f"(95 % CI {fmt_ci(best['ci'])}, {how}), with the {guarded(result)} kept.",
