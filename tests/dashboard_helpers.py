@@ -388,3 +388,9 @@ def ablation_page(result: dict) -> None:  # AppTest.from_function runs its sourc
     from stepscope.app.dashboard.experiment_view import ablation_table
 
     ablation_table(result)
+
+
+def verdict_page(result: dict) -> None:  # AppTest.from_function runs its source alone
+    from stepscope.app.dashboard.experiment_view import verdict
+
+    verdict(result)

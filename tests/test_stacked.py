@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dashboard_helpers import verdict_page
+
 from stepscope.app.cli.optimize import render
 from stepscope.app.cli.term import console
 from stepscope.collectors.launcher import launch_run
@@ -121,4 +123,12 @@ def test_a_fix_that_pays_beside_another_is_kept_with_it(tmp_path: Path) -> None:
     render(result, console(file=buf))
     text = " ".join(buf.getvalue().split())
     assert "Keep: fused_optimizer, cudnn_benchmark" in text
-    assert " over fused_optimizer)" in text
+    assert f"; {over_text(best)})" in text
+    # the Optimize page's answer says the same
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_function(verdict_page, args=(result,)).run()
+    assert not at.exception
+    shown = at.success[0].value
+    assert shown.startswith("Keep **fused_optimizer, cudnn_benchmark**")
+    assert f"measured; {over_text(best)})" in shown
