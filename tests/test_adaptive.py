@@ -122,7 +122,6 @@ def test_the_experiment_ends_when_every_candidate_is_decided() -> None:
     assert one.end == "a is clearly faster than the baseline (1.40x, 1.20-1.60)"
 
 
-# -- the budget --------------------------------------------------------------------------
 def test_an_arm_between_two_that_differ_by_nothing_measurable_is_not_run() -> None:
     workers = _iv("dataloader_workers", 4.7, 4.2, 5.2, trials=1)
     every = _iv("all", 4.6, 4.0, 5.3, trials=1)
@@ -163,6 +162,7 @@ def test_an_arm_between_two_that_differ_by_nothing_measurable_is_not_run() -> No
     assert between_alike({"prefetch_factor"}, measured, added(same)) is None
 
 
+# -- the budget --------------------------------------------------------------------------
 def test_the_budget_is_reached_when_the_next_round_would_end_past_it() -> None:
     trial_s = {"baseline": [10.0, 12.0], "all": [20.0], "slow": []}
     # each arm's mean trial; an arm not run yet counts as the slowest one
