@@ -113,7 +113,13 @@ class Design:
         if self.full or arm.runs or len(arms[0].runs) < MIN_TRIALS:
             return None
         fixes = set(arm.fix_ids)
-        pairs = [(set(a.fix_ids), a) for a in arms[1:] if a.runs and not a.failed]
+        # only the measured arms below or above it are judged (each judgement reads its
+        # trials' steps and bootstraps an interval)
+        pairs = [
+            (set(a.fix_ids), a)
+            for a in arms[1:]
+            if a.runs and not a.failed and (set(a.fix_ids) < fixes or fixes < set(a.fix_ids))
+        ]
         if not any(low < fixes for low, _ in pairs) or not any(fixes < high for high, _ in pairs):
             return None  # nothing on one side: nothing to judge
         by_name = {a.name: a for _, a in pairs}

@@ -90,7 +90,7 @@ def over_text(best: dict[str, Any]) -> str | None:
     """'1.86x (1.62-2.13) over dataloader_workers' for a best that beat the kept fixes'
     best candidate; None otherwise (and for a result stored before it)."""
     over = best.get("over")
-    if not over or over["candidate"] == "the baseline":
+    if not over or not over["fixes"]:  # over the baseline: the best's own ratio says it
         return None
     lo, hi = over["ci"]
     return f"{over['speedup']:.2f}x ({lo:.2f}-{hi:.2f}) over {over['candidate']}"
