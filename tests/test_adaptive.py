@@ -545,8 +545,9 @@ def test_arms_between_alike_ones_get_no_trial_in_a_real_experiment(
         assert stopped_status(cand, result) == "not run"
     fixes = {f["id"]: f for f in result["fixes"]}
     assert fixes["prefetch_factor"]["status"] == "not run"
-    assert fixes["prefetch_factor"]["note"] == by_name["prefetch_factor"]["stopped"]
-    assert fixes["prefetch_factor"]["kept"] is False
+    # (then, where all measured clearly faster than the workers alone, why it is kept too)
+    assert fixes["prefetch_factor"]["note"].startswith(by_name["prefetch_factor"]["stopped"])
+    assert fixes["prefetch_factor"]["kept"] is bool(result["best"].get("over"))
     # the workers, or all three where they measured clearly faster than the workers
     # alone (stacked.py: then the result says by how much)
     assert result["best"]["fixes"] == ["dataloader_workers"] or result["best"]["over"]

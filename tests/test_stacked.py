@@ -103,17 +103,28 @@ def test_a_fix_that_pays_beside_another_is_kept_with_it(tmp_path: Path) -> None:
     assert code == 0
     with RunStore(home) as store:
         result = run_experiment(
-            store, run_id, fixes=["fused_optimizer", "cudnn_benchmark"], steps=8, trials=2
+            # every trial (--full) of 16 steps: one step a loaded machine stretched 5x in
+            # an 8-step trial of "all" (1.31-3.52x) left it unclear of fused_optimizer
+            store,
+            run_id,
+            fixes=["fused_optimizer", "cudnn_benchmark"],
+            steps=16,
+            trials=2,
+            full=True,
         )
     cands = {c["name"]: c for c in result["candidates"]}
     assert cands["fused_optimizer"]["verdict"] == "faster"
     best = result["best"]
-    if cands["cudnn_benchmark"]["verdict"] == "faster":
-        # the same sleeps measured apart by chance (one trial beside a busy test session):
-        # then both are kept alone, and "all" is their combination, kept as it is
+    # cudnn_benchmark alone runs the baseline's very sleeps; beside a busy test session
+    # they can still measure apart by chance, and each verdict has its own outcome:
+    alone = cands["cudnn_benchmark"]["verdict"]
+    if alone == "faster":  # kept alone: "all" is the kept combination, kept as it is
         assert best["fixes"] == ["fused_optimizer", "cudnn_benchmark"] and not best.get("over")
         return
-    assert cands["cudnn_benchmark"]["verdict"] == "no measurable change"
+    if alone == "slower":  # an arm holding a fix slower alone is never taken
+        assert best["fixes"] == ["fused_optimizer"] and not best.get("over")
+        return
+    assert alone in ("no measurable change", "disagree")  # not kept alone: the rule's case
     assert best["candidate"] == "all" and best["fixes"] == ["fused_optimizer", "cudnn_benchmark"]
     assert best["over"]["candidate"] == "fused_optimizer" and best["over"]["ci"][0] > 1.0
     fixes = {f["id"]: f for f in result["fixes"]}
