@@ -30,7 +30,7 @@ ENV STEPSCOPE_HOME=/home/stepscope/.stepscope
 #   docker run --gpus all -p 127.0.0.1:8501:8501 stepscope demo --host 0.0.0.0 --allow-remote
 #   docker run -p 127.0.0.1:8501:8501 -v stepscope-home:/home/stepscope/.stepscope \
 #       stepscope dashboard --host 0.0.0.0 --allow-remote
-# A team's shared store and artifacts (README, "Shared store"): pass the URLs and the
+# A team's shared store and artifacts (docs/guides/shared-store.md): pass the URLs and the
 # usual AWS variables; the password and keys are never recorded:
 #   docker run -e STEPSCOPE_STORE=postgresql://user:pw@db/stepscope \
 #       -e STEPSCOPE_ARTIFACTS=s3://bucket/stepscope -e AWS_ACCESS_KEY_ID -e AWS_SECRET_ACCESS_KEY \

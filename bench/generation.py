@@ -30,8 +30,8 @@ from typing import Any
 
 from stepscope.analyzers.rules.diagnosis import diagnose_run
 from stepscope.analyzers.steps.generation import generation_summary, request_table
-from stepscope.collectors.launcher import launch_run
-from stepscope.optim_runner.sweep import run_sweep
+from stepscope.collectors.launch.launcher import launch_run
+from stepscope.optim_runner.sweeps.sweep import run_sweep
 from stepscope.store import RunStore
 
 REPO = Path(__file__).resolve().parents[1]

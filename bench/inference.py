@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from stepscope.analyzers.rules.diagnosis import diagnose_run
-from stepscope.collectors.launcher import launch_run
-from stepscope.optim_runner.experiment import run_experiment
+from stepscope.collectors.launch.launcher import launch_run
+from stepscope.optim_runner.experiment.experiment import ExperimentOptions, run_experiment
 from stepscope.store import RunStore
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,9 +53,10 @@ def one(home: Path, script: str, fix: str, numerics: bool, steps: int, trials: i
         diagnosis = diagnose_run(store, run_id)
         row["first_finding"] = diagnosis.findings[0].key if diagnosis.findings else None
         row["findings"] = [f.key for f in diagnosis.findings]
-        result = run_experiment(
-            store, run_id, fixes=[fix], steps=steps, trials=trials, allow_numerics=numerics
+        options = ExperimentOptions(
+            fixes=(fix,), steps=steps, trials=trials, allow_numerics=numerics
         )
+        result = run_experiment(store, run_id, options)
     (measured,) = [f for f in result["fixes"] if f["id"] == fix]
     arm = next(c for c in result["candidates"] if c["fixes"] == [fix])
     row.update(

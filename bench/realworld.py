@@ -35,8 +35,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from stepscope.analyzers.rules.diagnosis import diagnose_run
-from stepscope.collectors.launcher import launch_run
-from stepscope.optim_runner.experiment import run_experiment
+from stepscope.collectors.launch.launcher import launch_run
+from stepscope.optim_runner.experiment.experiment import ExperimentOptions, run_experiment
 from stepscope.store import RunStore
 
 REPO = Path(__file__).resolve().parents[1]
@@ -111,9 +111,8 @@ def one_job(home: Path, job: Job, steps: int, trials: int, allow_numerics: bool)
             return row
         started = time.monotonic()
         try:
-            result = run_experiment(
-                store, run_id, steps=steps, trials=trials, allow_numerics=allow_numerics
-            )
+            options = ExperimentOptions(steps=steps, trials=trials, allow_numerics=allow_numerics)
+            result = run_experiment(store, run_id, options)
         except ValueError as exc:
             row["optimize"] = f"nothing to try: {exc}"
             return row

@@ -2,7 +2,7 @@
 
     python bench/roofline_cpu.py [--seconds 3] [--steps 5] [--json OUT]
 
-Calibrates this host (``stepscope.collectors.calibrate.calibrate``: best-of matmul
+Calibrates this host (``stepscope.collectors.facts.calibrate.calibrate``: best-of matmul
 FLOP/s and STREAM triad bandwidth, at torch's current thread count, what the jobs get),
 then captures two jobs with ``torch.profiler`` (``record_shapes=True``), one after the
 other in this process, and reads each against the calibration with
@@ -34,7 +34,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from stepscope.analyzers.hardware.roofline import Roofline, roofline
 from stepscope.analyzers.trace.load import load_trace
-from stepscope.collectors.calibrate import calibrate
+from stepscope.collectors.facts.calibrate import calibrate
 
 
 def gemm_job(steps: int, step: Callable[[], None]) -> None:

@@ -15,7 +15,10 @@ first alternates from job to job, so the machine's drift does not always favour 
 
 One row per job: the fixes kept by each, the gain of each (the best candidate's speed-up;
 the adaptive one's gain, speed-up - 1, as a % of full's), the wall time of each optimize
-process and their ratio, the adaptive rounds run and the arms it stopped. A verdict moves
+process and their ratio, the adaptive rounds run and the arms it stopped. A second table reads leave-one-out in each design:
+the fastest arm it started from, the set it kept and its gain as a % of that arm's, each
+kept fix's share, the fixes dropped, and the wall time of its trials against the first
+round's (the trial runs' own start and end, from the store). A verdict moves
 with the load on a small shared machine: read the kept fixes first, the figures second.
 """
 
@@ -37,6 +40,8 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from stepscope.store import RunStore
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
@@ -97,6 +102,12 @@ def optimize(home: Path, job: Job, mode: str, steps: int, trials: int) -> dict[s
     result = json.loads(proc.stdout)
     best = result["best"]
     design = result.get("design") or {}
+    loo = result.get("leave_one_out") or {}
+    fastest = max(
+        (c for c in result["candidates"] if c["status"] == "completed" and c.get("speedup")),
+        key=lambda c: c["speedup"],
+        default=None,
+    )
     return {
         "mode": mode,
         "wall_s": round(wall, 1),
@@ -113,7 +124,33 @@ def optimize(home: Path, job: Job, mode: str, steps: int, trials: int) -> dict[s
         "repeated": (result.get("repeated") or {}).get("count"),
         "contention": (result.get("contention") or {}).get("warning"),
         "experiment_id": result["experiment_id"],
+        # leave-one-out: the fastest arm it started from, what it kept and each share
+        "fastest": None if fastest is None else [fastest["name"], fastest["speedup"]],
+        "kept_pct_of_fastest": gain_pct(fastest and fastest["speedup"], best["speedup"]),
+        "loo_steps": len(loo.get("steps") or []),
+        "loo_dropped": sorted(loo.get("dropped") or {}),
+        "loo_shares": {
+            fix: (r.get("share") or {}).get("ratio") for fix, r in (loo.get("shares") or {}).items()
+        },
+        "phase_s": phase_seconds(home, result["experiment_id"]),
     }
+
+
+def phase_seconds(home: Path, experiment_id: int) -> dict[str, float]:
+    """Wall seconds of the experiment's trial runs: its first round, and leave-one-out's."""
+    out = {"first_round": 0.0, "leave_one_out": 0.0}
+    with RunStore(home) as store:
+        for run_id in store.runs()["id"]:
+            run = store.run(int(run_id))
+            cfg = run.get("config") or {}
+            if cfg.get("experiment") != experiment_id or run.get("ended_at") is None:
+                continue
+            took = float(run["ended_at"]) - float(run["started_at"])
+            if cfg.get("phase") == "leave_one_out":
+                out["leave_one_out"] += took
+            elif cfg.get("phase") == "trials" and cfg.get("trial") == 0:
+                out["first_round"] += took
+    return {k: round(v, 1) for k, v in out.items()}
 
 
 def one_job(root: Path, job: Job, index: int, steps: int, trials: int, say: Any) -> dict[str, Any]:
@@ -185,6 +222,39 @@ def table(rows: list[dict[str, Any]], steps: int, trials: int) -> Table:
     return out
 
 
+def loo_table(rows: list[dict[str, Any]]) -> Table:
+    """Leave-one-out in each design: from which arm, what it kept, each kept fix's share,
+    and its trials' time against the first round's."""
+    out = Table(title="leave-one-out from the fastest arm")
+    for name in ("job", "design", "fastest arm", "kept", "% of its gain", "shares", "dropped",
+                 "loo s / first round s"):  # fmt: skip
+        out.add_column(name)
+    for r in rows:
+        for mode in MODES:
+            o = r[mode]
+            fastest = "-" if o["fastest"] is None else f"{o['fastest'][0]} {o['fastest'][1]:.2f}x"
+            pct = o["kept_pct_of_fastest"]
+            shares = ", ".join(f"{k} {v:.2f}x" for k, v in o["loo_shares"].items() if v)
+            secs = o["phase_s"]
+            ratio = (
+                f"{secs['leave_one_out']:.0f} / {secs['first_round']:.0f} = "
+                f"{secs['leave_one_out'] / secs['first_round']:.2f}"
+                if secs["first_round"]
+                else "-"
+            )
+            out.add_row(
+                r["job"],
+                mode,
+                escape(fastest),
+                escape(", ".join(o["kept"]) or "none"),
+                "-" if pct is None else f"{pct:.0f} %",
+                escape(shares or "-"),
+                escape(", ".join(o["loo_dropped"]) or "-"),
+                ratio if o["loo_steps"] else "not run",
+            )
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", nargs="+", choices=sorted(JOBS), help="default: all four")
@@ -207,6 +277,7 @@ def main() -> None:
         for i, name in enumerate(names):
             rows.append(one_job(Path(tmp), JOBS[name], i, steps, args.trials, console.print))
     console.print(table(rows, steps, args.trials))
+    console.print(loo_table(rows))
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         conditions = {

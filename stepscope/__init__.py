@@ -2,7 +2,7 @@
 
 Importing this package must stay cheap and must not import torch: the bootstrap
 imports it inside every Python process of the user's job. So the notebook API
-(``stepscope.analyze``, ``runs``, ``run``, ``compare``, ``diff``, ``check``: see
+(``stepscope.analyze``, ``runs``, ``run``, ``compare``, ``diff``, ``check``, ``memory``: see
 ``stepscope/api.py``), which needs pandas and the analyzers, is imported on first use of
 one of its names, through the module-level ``__getattr__`` below (PEP 562).
 """
@@ -21,6 +21,8 @@ _API = (
     "compare",
     "check",
     "diff",
+    "memory",
+    "MemoryBreakdown",
     "Report",
     "Run",
     "Comparison",
@@ -36,7 +38,7 @@ def mark_step() -> None:
     A no-op when the process does not run under `stepscope run`.
     """
     # local: the bootstrap imports stepscope in every process; the collectors only here
-    from stepscope.collectors import step_timer
+    from stepscope.collectors.steps import step_timer
 
     step_timer.mark_step()
 

@@ -1,4 +1,5 @@
-"""The Python API for notebooks: ``analyze``, ``runs``, ``run``, ``compare``, ``diff``, ``check``.
+"""The Python API for notebooks: ``analyze``, ``runs``, ``run``, ``compare``, ``diff``, ``check``,
+``memory``.
 
 What the CLI does for a terminal, for a notebook: the same analyses, the same store
 (``$STEPSCOPE_HOME``, default ``~/.stepscope``, unless ``home`` says otherwise), the same
@@ -20,14 +21,22 @@ from typing import Any
 import pandas as pd
 
 from stepscope.analyzers.report.run_diff_ops import RunDiff, diff_runs, diff_traces
+from stepscope.analyzers.report.run_memory import NoMemoryData, run_memory
 from stepscope.analyzers.report.trace_report import analyze_trace
 from stepscope.analyzers.steps.generation import generation_summary, requests_frame, token_latencies
+from stepscope.analyzers.steps.run_figures import listed_figures
 from stepscope.analyzers.steps.step_stats import summarize_steps
 from stepscope.analyzers.trace.load import TraceError
+from stepscope.analyzers.trace.memory_peak import MemoryBreakdown
 from stepscope.app.formats import fmt_s, missing, speed_caption
-from stepscope.optim_runner.perf_check import DEFAULT_MAX_SLOWDOWN, CheckResult, check_runs
-from stepscope.optim_runner.speed import Speed, compare_speed
-from stepscope.optim_runner.stats import SpeedupCI
+from stepscope.optim_runner.check.perf_check import (
+    DEFAULT_MAX_SLOWDOWN,
+    CheckResult,
+    check_runs,
+    parse_slowdown,
+)
+from stepscope.optim_runner.speedup.speed import Speed, compare_speed
+from stepscope.optim_runner.speedup.stats import SpeedupCI
 from stepscope.report import Report, findings_frame, steps_frame
 from stepscope.store import RunNotFound, RunStore, StoreError, default_home
 from stepscope.store.artifacts import ArtifactError, kind_files
@@ -117,10 +126,11 @@ def runs(home: PathLike | None = None) -> pd.DataFrame:
     with RunStore(home) as store:
         table = store.runs()
         top = store.top_findings()
+        listed = listed_figures(store, table)  # kept once a run ended: one query for all
         for rec in table.to_dict("records"):
             rec = {k: None if missing(v) else v for k, v in rec.items()}  # NaN -> None
             run_id = int(rec["id"])
-            figures = summarize_steps(store.steps(run_id))
+            figures = listed[run_id]
             finding = top.get(run_id)
             rows.append(
                 {
@@ -238,6 +248,22 @@ class Run:
         return f"stepscope.Run {self.id} {self.name!r} ({self.status}): {what}{finding}"
 
 
+def memory(ref: int | str | Run, home: PathLike | None = None) -> MemoryBreakdown:
+    """Where the peak of a run's last capture goes, as DataFrames.
+
+    ``ref``: a ``Run``, an id, a name or 'last'. The result's ``peak`` (one row per
+    category: bytes at the peak, share, the category's max over the captured steps),
+    ``timeline`` (bytes per category over time), ``modules`` and ``lines`` (the blocks
+    live at the peak by module and by function), ``peak_bytes``, ``problems`` (a file
+    that could not be read, one line each). Raises ``RunNotFound`` for an unknown run and
+    ``LookupError`` (``NoMemoryData``) for a run without a capture or a memory timeline.
+    """
+    if isinstance(ref, Run):
+        ref, home = ref.id, ref.home if home is None else home
+    with RunStore(home) as store:
+        return run_memory(store, store.resolve_run(ref))
+
+
 def run(ref: int | str, home: PathLike | None = None) -> Run:
     """One recorded run of the store at ``home``: an id, or a name or 'last' as the CLI
     takes them. Raises ``RunNotFound`` when there is none."""
@@ -319,19 +345,26 @@ def check(
     max_slowdown: float | str = DEFAULT_MAX_SLOWDOWN,
     home: PathLike | None = None,
     operators: bool = True,
-    runs: int = 1,
+    runs: int | str = "auto",
+    inconclusive: str = "pass",
 ) -> CheckResult:
     """Is ``run`` measurably slower than ``against`` (its baseline)? What `stepscope check`
     decides, for a notebook or a script that gates on it: ``result.passed``,
-    ``result.exit_code`` (0 pass, 1 slower, 2 cannot compare), ``result.figures`` (each
-    with its interval), ``result.operators`` (a DataFrame of the operators that
-    regressed, or None). Runs as the CLI takes them: ids, names, tags, 'last'.
-    ``max_slowdown``: 0.05 or "5%"; ``runs``: judge over each side's newest ``runs`` runs
-    of its name, ending at the named one. Raises ``RunNotFound`` for an unknown run or tag.
+    ``result.exit_code`` (0 pass, 1 slower, 2 cannot compare, 3 inconclusive with
+    ``inconclusive="fail"``), ``result.verdict`` (also "inconclusive": time it could not
+    judge without run-to-run spread), ``result.figures`` (each with its interval and how
+    it was made), ``result.operators`` (a DataFrame of the operators that regressed, or
+    None). Runs as the CLI takes them: ids, names, tags, 'last'. ``max_slowdown``: 0.05
+    or "5%"; ``runs``: "auto" (each side's newest runs of its name, up to 5, judged over
+    when each side has 3) or N (1: one against one). Raises ``RunNotFound`` for an
+    unknown run or tag.
     """
     refs = [r.id if isinstance(r, Run) else r for r in (run, against)]
+    allowed = parse_slowdown(max_slowdown)  # this edge takes "5%" too; check_runs the fraction
     with RunStore(home) as store:
-        return check_runs(store, refs[0], refs[1], max_slowdown, operators=operators, runs=runs)
+        return check_runs(
+            store, refs[0], refs[1], allowed, operators, runs, inconclusive=inconclusive
+        )
 
 
 def diff(
@@ -352,6 +385,8 @@ def diff(
 __all__ = [
     "CheckResult",
     "Comparison",
+    "MemoryBreakdown",
+    "NoMemoryData",
     "Report",
     "Run",
     "RunDiff",
@@ -360,6 +395,7 @@ __all__ = [
     "check",
     "compare",
     "diff",
+    "memory",
     "run",
     "runs",
 ]

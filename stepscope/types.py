@@ -78,6 +78,12 @@ class EvidenceItem:
         return cls(str(d.get("text", "")), d.get("value"), str(d.get("source", "")))
 
 
+def gains_nothing(predicted_speedup: float | None) -> bool:
+    """A bound of 1.00x or less (as shown, two decimals): the diagnosis expects nothing
+    from the fix on its own."""
+    return predicted_speedup is not None and round(predicted_speedup, 2) <= 1.0
+
+
 @dataclass
 class FixAdvice:
     """A fix recommended for one finding, with its predicted gain for this run."""
@@ -97,6 +103,17 @@ class FixAdvice:
     params: dict[str, Any] = field(default_factory=dict)  # values to try (the plan's start)
     evidence: str | None = None  # why those values
     finding: str | None = None  # 'class/subtype' that recommended it, over a run's findings
+
+    @property
+    def gains_nothing(self) -> bool:
+        """Predicted at 1.00x or less: listed after the fixes that may help and never
+        pre-ticked (issue 39: a "≤ 1.00x" fix listed first, ticked)."""
+        return gains_nothing(self.predicted_speedup)
+
+    def order_key(self) -> tuple[bool, float]:
+        """Best first: the largest predicted bound, then fixes with no bound (measure
+        them), then those predicted to gain nothing."""
+        return self.gains_nothing, -(self.predicted_speedup or 0.0)
 
     def to_json(self) -> dict[str, Any]:
         return {

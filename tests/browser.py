@@ -69,14 +69,15 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 90) -> None:
 
 
 @contextmanager
-def served(home: Path, log_path: Path) -> Iterator[str]:
-    """`stepscope dashboard` on ``home``; yields its URL, then stops it with Ctrl-C as a
-    user would: it must stop Streamlit and exit 0, without a traceback."""
+def served(home: Path, log_path: Path, *options: str) -> Iterator[str]:
+    """`stepscope dashboard [options]` on ``home``; yields its URL (on the loopback
+    address, which a dashboard bound to every address answers too), then stops it with
+    Ctrl-C as a user would: it must stop Streamlit and exit 0, without a traceback."""
     port = free_port()
     log = open(log_path, "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
         [sys.executable, "-m", "stepscope.app.cli", "--home", str(home), "dashboard"]
-        + ["--port", str(port)],
+        + ["--port", str(port), *options],
         cwd=REPO,
         env=cli_env(home),
         stdout=log,

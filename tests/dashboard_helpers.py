@@ -366,7 +366,7 @@ def open_page(page: str, **params: str) -> AppTest:
     at.run()
     if page != "runs":
         at.query_params.update(params)
-        at.switch_page(f"views/{page}.py").run()
+        at.switch_page(f"views/{page}/page.py").run()
     return at
 
 
@@ -385,12 +385,20 @@ def texts(at: AppTest) -> str:
 
 
 def ablation_page(result: dict) -> None:  # AppTest.from_function runs its source alone
-    from stepscope.app.dashboard.experiment_view import ablation_table
+    from stepscope.app.dashboard.views.optimize.experiment_view import ablation_table
 
     ablation_table(result)
 
 
 def verdict_page(result: dict) -> None:  # AppTest.from_function runs its source alone
-    from stepscope.app.dashboard.experiment_view import verdict
+    from stepscope.app.dashboard.views.optimize.experiment_view import verdict
 
     verdict(result)
+
+
+def fixes_page(result: dict) -> None:  # AppTest.from_function runs its source alone
+    from stepscope.app.dashboard.views.optimize.experiment_view import per_fix
+    from stepscope.app.dashboard.views.optimize.leave_one_out_view import leave_one_out
+
+    per_fix(result)
+    leave_one_out(result)

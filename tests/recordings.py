@@ -20,7 +20,7 @@ import pytest
 from dashboard_helpers import record, stepscope
 from filelock import FileLock
 
-from stepscope.collectors.launcher import launch_run
+from stepscope.collectors.launch.launcher import launch_run
 from stepscope.store import RunStore
 
 JOBS = Path(__file__).resolve().parent / "jobs"

@@ -24,10 +24,9 @@ from stepscope.app.cli import main as cli
 from stepscope.app.cli.optimize import render
 from stepscope.app.cli.term import console
 from stepscope.app.design_text import design_line, repeat_line, stopped_status
-from stepscope.collectors.launcher import launch_run
-from stepscope.optim_runner import design as design_module
-from stepscope.optim_runner import repeats as repeats_module
-from stepscope.optim_runner.adaptive import (
+from stepscope.collectors.launch.launcher import launch_run
+from stepscope.optim_runner.experiment import design as design_module
+from stepscope.optim_runner.experiment.adaptive import (
     EVERY_DECIDED,
     MIN_TRIALS,
     Decision,
@@ -38,17 +37,18 @@ from stepscope.optim_runner.adaptive import (
     decide,
     round_forecast,
 )
-from stepscope.optim_runner.design import Design
-from stepscope.optim_runner.experiment import run_experiment
-from stepscope.optim_runner.plan import PlannedFix
-from stepscope.optim_runner.repeats import (
+from stepscope.optim_runner.experiment.design import Design
+from stepscope.optim_runner.experiment.experiment import ExperimentOptions, run_experiment
+from stepscope.optim_runner.trials import repeats as repeats_module
+from stepscope.optim_runner.trials.plan import PlannedFix
+from stepscope.optim_runner.trials.repeats import (
     PER_ARM,
     Repeats,
     busy_cores,
     may_repeat,
     steps_window,
 )
-from stepscope.optim_runner.trials import Arm
+from stepscope.optim_runner.trials.trials import Arm
 from stepscope.store import RunStore
 
 JOBS = Path(__file__).resolve().parent / "jobs"
@@ -438,11 +438,8 @@ def test_a_real_experiment_records_its_early_stop_and_keeps_the_total_honest(
         result = run_experiment(
             store,
             run_id,
-            fixes=["channels_last"],
-            steps=6,
-            trials=3,
+            ExperimentOptions(fixes=("channels_last",), steps=6, trials=3, busy_repeats=2),
             progress=states.append,
-            busy_repeats=2,
         )
         row = store.experiment(result["experiment_id"])
         repeated_runs = [store.run(t["run"]) for t in result["repeated"]["trials"]]
@@ -527,9 +524,11 @@ def test_arms_between_alike_ones_get_no_trial_in_a_real_experiment(
         result = run_experiment(
             store,
             run_id,
-            fixes=["dataloader_workers", "prefetch_factor", "persistent_workers"],
-            steps=8,
-            trials=3,
+            ExperimentOptions(
+                fixes=("dataloader_workers", "prefetch_factor", "persistent_workers"),
+                steps=8,
+                trials=3,
+            ),
             progress=states.append,
         )
     by_name = {c["name"]: c for c in result["candidates"]}
@@ -545,24 +544,26 @@ def test_arms_between_alike_ones_get_no_trial_in_a_real_experiment(
         assert stopped_status(cand, result) == "not run"
     fixes = {f["id"]: f for f in result["fixes"]}
     assert fixes["prefetch_factor"]["status"] == "not run"
-    # (then, where all measured clearly faster than the workers alone, why it is kept too)
+    # (then, where leave-one-out from all kept it, what it earns there)
     assert fixes["prefetch_factor"]["note"].startswith(by_name["prefetch_factor"]["stopped"])
-    assert fixes["prefetch_factor"]["kept"] is bool(result["best"].get("over"))
-    # the workers, or all three where they measured clearly faster than the workers
-    # alone (stacked.py: then the result says by how much)
-    assert result["best"]["fixes"] == ["dataloader_workers"] or result["best"]["over"]
+    assert fixes["prefetch_factor"]["kept"] is ("prefetch_factor" in result["best"]["fixes"])
+    # the workers, and whatever leave-one-out from all (when all measured fastest) kept
+    assert result["best"]["fixes"][0] == "dataloader_workers"
     design = result["design"]
     assert design["rounds"] == 1 and set(design["stopped"]) == {
         "prefetch_factor",
         "persistent_workers",
     }
-    # the progress: 15 trials planned, 3 run; each arm not run said so as it was skipped
+    # the progress: 15 trials planned, 3 run (and leave-one-out's, when all measured
+    # fastest); each arm not run said so as it was skipped
     decisions = [s for s in states if s["event"] == "decision"]
     assert [list(d["stopped"]) for d in decisions[:2]] == [
         ["prefetch_factor"],
         ["persistent_workers"],
     ]
-    assert states[-1]["done"] == states[-1]["total"] == 3
+    loo = [s for s in states if s["event"] == "trial_end" and s["phase"] == "leave_one_out"]
+    assert bool(loo) is (result["leave_one_out"] is not None)
+    assert states[-1]["done"] == states[-1]["total"] == 3 + len(loo)
     text = _rendered(result)
     assert "prefetch_factor: not run: its fixes lie between" in text
 

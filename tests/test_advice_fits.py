@@ -17,7 +17,7 @@ from stepscope.analyzers.rules.compute import device_compute
 from stepscope.analyzers.rules.evidence import Evidence
 from stepscope.analyzers.rules.readings import has_backward, model_phase
 from stepscope.analyzers.rules.recommend import recommend
-from stepscope.fixes.fused_optimizer import REMOVES_OF_OPTIMIZER_PHASE
+from stepscope.fixes.catalog.fused_optimizer import REMOVES_OF_OPTIMIZER_PHASE
 from stepscope.types import Finding, FixAdvice, JobContext, phase_label
 
 # Words that only a GPU's figure uses: none may be cited to a job without CUDA.
@@ -134,7 +134,7 @@ def test_an_inference_job_gets_no_backward_optimizer_or_training_figure(cuda: bo
             assert "training" not in (fix.typical_source or ""), (key, fix.id)
             assert "optimizer" not in fix.title.lower() and "gradient" not in fix.title.lower()
     assert {"bf16_autocast", "torch_compile", "larger_batch"} <= seen
-    assert not seen & {"fused_optimizer", "fp16_grad_scaler", "gradient_checkpointing"}
+    assert not seen & {"fused_optimizer", "fp16_grad_scaler", "activation_checkpointing"}
 
 
 def test_inference_snippets_run_the_forward_under_inference_mode() -> None:

@@ -20,14 +20,14 @@ from dashboard_helpers import ablation_page
 
 from stepscope.app.cli.optimize import render
 from stepscope.app.cli.term import console
-from stepscope.optim_runner import verdict
-from stepscope.optim_runner.adaptive import Interval, decide
-from stepscope.optim_runner.agreement import DISAGREE, check_agreement
-from stepscope.optim_runner.design import interval
-from stepscope.optim_runner.plan import PlannedFix
-from stepscope.optim_runner.quality import QualityCheck
-from stepscope.optim_runner.stats import SpeedupCI
-from stepscope.optim_runner.trials import Arm
+from stepscope.optim_runner.experiment.adaptive import Interval, decide
+from stepscope.optim_runner.experiment.design import interval
+from stepscope.optim_runner.guards.quality import QualityCheck
+from stepscope.optim_runner.speedup.agreement import DISAGREE, check_agreement
+from stepscope.optim_runner.speedup.stats import SpeedupCI
+from stepscope.optim_runner.trials.plan import PlannedFix
+from stepscope.optim_runner.trials.trials import Arm
+from stepscope.optim_runner.verdict import verdict
 
 STEPS = 60
 

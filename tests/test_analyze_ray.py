@@ -224,13 +224,16 @@ def test_a_run_in_s3_goes_to_ray_as_its_uris(
     local copies the client would make."""
     monkeypatch.setenv("STEPSCOPE_HOME", str(tmp_path))
     monkeypatch.delenv("STEPSCOPE_STORE", raising=False)
+    monkeypatch.setenv("STEPSCOPE_ARTIFACTS", "s3://bucket")  # where the job uploaded them
     uris = [f"s3://bucket/runs/1/{f.name}" for f in TWO_RANKS]
     with RunStore(tmp_path) as store:
         run_id = store.create_run(["python", "train.py"])
-        for rank, (uri, local) in enumerate(zip(uris, TWO_RANKS, strict=True)):
+        locals_ = [store.run_dir(run_id) / f.name for f in TWO_RANKS]  # the job's own copies
+        for rank, (uri, local) in enumerate(zip(uris, locals_, strict=True)):
+            shutil.copyfile(TWO_RANKS[rank], local)
             store.add_artifact(run_id, "trace", uri, rank=rank, meta={"local_path": str(local)})
     assert cli_analyze.resolve_paths([str(run_id)], remote=True) == (uris, [run_id])
-    assert cli_analyze.resolve_paths([str(run_id)]) == (TWO_RANKS, [run_id])
+    assert cli_analyze.resolve_paths([str(run_id)]) == (locals_, [run_id])
     # a local path is made absolute for the cluster, whose tasks run in other folders
     monkeypatch.chdir(REPO)
     relative = str(TWO_RANKS[0].relative_to(REPO))

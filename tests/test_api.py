@@ -16,7 +16,7 @@ import pytest
 from traces import RANK0, RANK1, RESNET_NW0, trace_path
 
 import stepscope
-from stepscope.collectors.launcher import launch_run
+from stepscope.collectors.launch.launcher import launch_run
 
 JOBS = Path(__file__).resolve().parent / "jobs"
 REPO = Path(__file__).resolve().parents[1]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from stepscope.collectors.contract import ENV_PLAN
+from stepscope.collectors.launch.contract import ENV_PLAN
 from stepscope.store import RunStore
 
 _spec = importlib.util.spec_from_file_location(
@@ -195,8 +195,8 @@ def test_compiled_gan_keeps_its_losses_and_passes_the_quality_guard(tmp_path: Pa
     """torch_compile on a GAN was failed with "loss is NaN or infinite from step 0" while
     the job printed the baseline's losses: compiling made the first iteration longer than
     the forward-step wait, so it was cut into loss-less forward steps."""
-    from stepscope.collectors.launcher import launch_run
-    from stepscope.optim_runner.quality import check_quality, loss_series
+    from stepscope.collectors.launch.launcher import launch_run
+    from stepscope.optim_runner.guards.quality import check_quality, loss_series
 
     script = Path(__file__).resolve().parents[1] / "examples" / "corpus" / "dcgan_style.py"
     command = [sys.executable, str(script), "--nimages", "160"]

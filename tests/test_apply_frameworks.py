@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from stepscope.collectors.launcher import launch_run
+from stepscope.collectors.launch.launcher import launch_run
 from stepscope.store import RunStore
 
 CORPUS = Path(__file__).resolve().parents[1] / "examples" / "corpus"

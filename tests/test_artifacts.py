@@ -108,13 +108,15 @@ def test_run_uploads_its_trace_and_stores_no_secret(uploaded: dict) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "done" in proc.stdout
     arts = uploaded["arts"]
-    assert list(arts["kind"]) == ["trace"]
+    assert sorted(arts["kind"]) == ["memory_timeline", "trace"]  # the capture's two files
+    arts = arts[arts["kind"] == "trace"].reset_index(drop=True)
     uri = arts["path"][0]
     name = Path(arts["meta"][0]["local_path"]).name
     assert uri == f"s3://{bucket.bucket}/{PREFIX}/runs/{run_id}/{name}"
     assert name.endswith(".pt.trace.json.gz")
     key = f"{PREFIX}/runs/{run_id}/{name}"
-    assert bucket.keys() == [key]
+    timeline = key.replace(".pt.trace.json.gz", ".memory_timeline.raw.json.gz")
+    assert sorted(bucket.keys()) == sorted([key, timeline])
     local = Path(arts["meta"][0]["local_path"])
     assert bucket.read(key) == local.read_bytes()  # the local file stays: it is the cache
     assert arts["meta"][0]["first_step"] == 2 and arts["meta"][0]["steps"] == 2
@@ -135,8 +137,10 @@ def test_analyze_reads_the_trace_from_s3(
     uploaded: dict, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Local file gone: `stepscope analyze RUN` downloads the trace into the cache once,
-    and reads the cache afterwards (here with the endpoint unreachable)."""
+    and reads the cache afterwards (here with the endpoint unreachable). The reader is set
+    up as the team's: the same artifact location, whose objects alone it reads."""
     aws_env(monkeypatch, s3_endpoint)
+    monkeypatch.setenv("STEPSCOPE_ARTIFACTS", f"s3://{uploaded['bucket'].bucket}/{PREFIX}")
     home, run_id = uploaded["home"], uploaded["id"]
     uri = uploaded["arts"]["path"][0]
     Path(uploaded["arts"]["meta"][0]["local_path"]).unlink(missing_ok=True)
@@ -166,6 +170,7 @@ def test_dashboard_run_page_opens_the_s3_trace(
     uploaded: dict, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     aws_env(monkeypatch, s3_endpoint)
+    monkeypatch.setenv("STEPSCOPE_ARTIFACTS", f"s3://{uploaded['bucket'].bucket}/{PREFIX}")
     home, run_id = uploaded["home"], uploaded["id"]
     uri = uploaded["arts"]["path"][0]
     Path(uploaded["arts"]["meta"][0]["local_path"]).unlink(missing_ok=True)
@@ -175,7 +180,7 @@ def test_dashboard_run_page_opens_the_s3_trace(
     at = AppTest.from_file(str(ENTRY), default_timeout=120)
     at.run()
     at.query_params.update(run=str(run_id))
-    at.switch_page("views/run.py").run()
+    at.switch_page("views/run/page.py").run()
     assert not at.exception, [e.value for e in at.exception]
     assert not at.error, [e.value for e in at.error]
     assert not [w.value for w in at.warning if "no longer" in w.value]
@@ -204,9 +209,12 @@ def test_unreachable_endpoint_keeps_the_job_and_the_local_trace(
     assert proc.returncode == 0 and proc.stdout == "done\n", proc.stderr
     assert "Traceback" not in proc.stderr and "stepscope" not in proc.stderr
     arts = jobs.artifacts(tmp_path, run_id)
-    assert list(arts["kind"]) == ["trace"] and Path(arts["path"][0]).is_file()
+    assert sorted(arts["kind"]) == ["memory_timeline", "trace"]
+    assert all(Path(p).is_file() for p in arts["path"])  # each kept in the run folder
     lines = [m for m in jobs.events(tmp_path, run_id)["message"] if "s3://" in m]
-    assert len(lines) == 1 and "\n" not in lines[0]
+    assert len(lines) == 2 and all("\n" not in line for line in lines)  # one per file
+    lines = [line for line in lines if line.startswith("trace ")]
+    assert len(lines) == 1
     assert f"s3://{s3.bucket}/p/runs/{run_id}/" in lines[0]
     assert "endpoint unreachable" in lines[0]
     assert s3.keys() == []
@@ -228,16 +236,36 @@ def test_missing_bucket_is_one_line_in_the_run_log(s3: S3, tmp_path: Path) -> No
     assert Path(arts["path"][0]).is_file()
     events = jobs.events(tmp_path, run_id)
     lines = list(events.loc[events["source"] == "artifacts", "message"])
-    assert len(lines) == 1 and "no-such-bucket-stepscope" in lines[0]
-    assert "bucket missing" in lines[0]
+    # one line per file the capture wrote (the trace, its memory timeline), each naming
+    # the bucket; the files stay in the run folder
+    assert len(lines) == len(arts) and {k for k in arts["kind"]} >= {"trace"}
+    assert all("no-such-bucket-stepscope" in ln and "bucket missing" in ln for ln in lines)
 
 
-def test_local_copy_errors_name_the_uri_and_leave_no_file(s3: S3, tmp_path: Path) -> None:
+def test_local_copy_errors_name_the_uri_and_leave_no_file(
+    s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STEPSCOPE_ARTIFACTS", f"s3://{s3.bucket}")
     uri = f"s3://{s3.bucket}/runs/1/gone.pt.trace.json.gz"
     with pytest.raises(ArtifactError, match=f"^{uri}: object missing$"):
-        local_copy(uri, tmp_path)
+        local_copy(uri, tmp_path, run_id=1)
     assert not cache_path(uri, tmp_path).exists()
     assert not list(cache_path(uri, tmp_path).parent.glob("*"))  # no half file either
+
+
+def test_an_object_over_the_cap_is_not_even_fetched(
+    s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain JSON object of 2 MiB with a cap of 1 MiB: refused by its size in the
+    bucket's listing, before a byte of it reaches the cache."""
+    monkeypatch.setenv("STEPSCOPE_ARTIFACTS", f"s3://{s3.bucket}")
+    monkeypatch.setenv("STEPSCOPE_MAX_TRACE_BYTES", "1M")
+    key = "runs/1/huge.pt.trace.json"
+    s3.client.put_object(Bucket=s3.bucket, Key=key, Body=b" " * (2 << 20))
+    uri = f"s3://{s3.bucket}/{key}"
+    with pytest.raises(ArtifactError, match=f"^{uri}: too large: 2.0 MiB of JSON, over the cap"):
+        local_copy(uri, tmp_path, run_id=1)
+    assert not cache_path(uri, tmp_path).exists()
 
 
 def test_no_credentials_is_said(s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -305,8 +333,10 @@ def test_window_open_at_the_exit_keeps_the_local_trace(s3: S3, tmp_path: Path) -
     )
     assert proc.returncode == 0 and proc.stdout == "done\n", proc.stderr
     arts = jobs.artifacts(tmp_path, run_id)
-    assert list(arts["kind"]) == ["trace"] and Path(arts["path"][0]).is_file()
+    assert list(arts["kind"]) == ["trace", "memory_timeline"]
+    assert all(Path(p).is_file() for p in arts["path"])
     events = jobs.events(tmp_path, run_id)
     lines = list(events.loc[events["source"] == "artifacts", "message"])
-    assert len(lines) == 1 and "ended inside the capture window" in lines[0]
+    assert sorted(line.split(" ", 1)[0] for line in lines) == ["memory_timeline", "trace"]
+    assert all("ended inside the capture window" in line for line in lines)  # one per file
     assert s3.keys() == []

@@ -17,8 +17,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+from other_user import stepscope_as_nobody
 
 from stepscope.analyzers.rules.thresholds import INPUT_HIGH
+from stepscope.analyzers.steps.stacks import stack_summary
 from stepscope.store import RunStore
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -186,28 +188,23 @@ def test_a_pid_that_does_not_exist_is_one_line_and_records_nothing(tmp_path: Pat
         assert store.runs().empty
 
 
-@pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv"
-)
 def test_another_users_process_says_why_and_keeps_the_system_samples(
     request: pytest.FixtureRequest, job: Callable
 ) -> None:
+    """stepscope run as user nobody (tests/other_user.py: from a world-readable mirror of
+    this clone where the clone's folder is private) attaches to root's job."""
     proc = job(str(EXAMPLES / "input_bound.py"), "--steps", "2000", "--log-every", "1")
     # pytest's tmp_path lives under a folder only root may enter
-    home = Path(tempfile.mkdtemp(prefix="stepscope-other-user-"))
-    os.chmod(home, 0o777)
-    out = subprocess.run(
-        [
-            *("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"),
-            *(sys.executable, "-m", "stepscope.app.cli", "--home", str(home)),
-            *("attach", str(proc.pid), "--duration", "4", "--json"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=dict(os.environ, HOME=str(home)),
-    )
+    home = Path(tempfile.mkdtemp(prefix="stepscope-other-user-home-"))
     request.addfinalizer(lambda: shutil.rmtree(home, ignore_errors=True))
+    with stepscope_as_nobody(home) as (cli, env):
+        out = subprocess.run(
+            [*cli, "--home", str(home), "attach", str(proc.pid), "--duration", "4", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["stack_samples"] == 0
@@ -281,7 +278,7 @@ def test_list_leaves_out_the_dashboards_children_and_multiprocessing_helpers(
 ) -> None:
     """What the dashboard starts (its TensorBoard) and multiprocessing's helpers are not
     jobs: the list leaves them out, as its caption says; a plain job beside them stays."""
-    from stepscope.collectors.process_list import candidates
+    from stepscope.collectors.attach.process_list import candidates
 
     sleep = "import time; time.sleep(60)"
     fake_dashboard = tmp_path / "stepscope" / "app" / "dashboard" / "main.py"
@@ -315,3 +312,37 @@ def test_list_leaves_out_the_dashboards_children_and_multiprocessing_helpers(
             proc.wait()
         with contextlib.suppress(ProcessLookupError, ValueError, OSError):
             os.kill(int(child.read_text()), signal.SIGKILL)
+
+
+def test_a_server_waiting_for_requests_is_idle_not_elsewhere(tmp_path: Path, job: Callable) -> None:
+    """A model behind http.server (tests/jobs/idle_server.py), attached to while a client
+    sends requests now and then: its waits in serve_forever are idle, and the busy
+    samples' shares, which the diagnosis reads, are the requests' work (the forward)."""
+    import threading
+    import urllib.request
+
+    proc = job(str(Path(__file__).parent / "jobs" / "idle_server.py"))
+    port = int((tmp_path / "job0.log").read_text().split()[-1])
+    stop = threading.Event()
+
+    def client() -> None:
+        while not stop.wait(0.5):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/", data=b"{}", timeout=30).read()
+
+    sender = threading.Thread(target=client, daemon=True)
+    sender.start()
+    try:
+        result = attach_json(tmp_path, proc.pid, 6)
+    finally:
+        stop.set()
+        sender.join(timeout=30)
+    assert proc.poll() is None, "attaching must not stop the server"
+    phases = {p["category"]: p["share"] for p in result["phases"]}
+    assert phases["idle"] > 0.3 and phases["elsewhere"] < phases["idle"]
+    assert sum(phases.values()) == pytest.approx(1.0)
+    with RunStore(tmp_path) as store:
+        summary = stack_summary(store.stack_samples(result["run_id"]))
+    assert summary is not None and summary["idle_share"] == pytest.approx(phases["idle"], abs=0.02)
+    busy = summary["shares"]
+    assert busy["idle"] == 0.0 and sum(busy.values()) == pytest.approx(1.0)
+    assert busy["forward"] > 0.5  # the requests' model calls, once the waits are left out

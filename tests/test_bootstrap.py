@@ -10,8 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from stepscope.collectors import contract
-from stepscope.collectors.job_env import BOOT_DIR, build_job_env
+from stepscope.collectors.launch import contract
+from stepscope.collectors.launch.job_env import BOOT_DIR, build_job_env
 
 _spec = importlib.util.spec_from_file_location(
     "stepscope_test_jobs_util", Path(__file__).parent / "jobs" / "util.py"

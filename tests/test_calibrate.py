@@ -1,4 +1,5 @@
-"""`stepscope calibrate`: a real (tiny) measurement, its cache, and the CLI's JSON."""
+"""`stepscope calibrate`: a real (tiny) measurement, its cache, and the CLI's JSON; and
+`calibrate --noise`: real whole runs of its fixed job, their spread, its cache entry."""
 
 from __future__ import annotations
 
@@ -9,12 +10,16 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from stepscope.collectors.calibrate import calibrate, matmul_size
+from stepscope.collectors.facts.calibrate import calibrate, matmul_size
+from stepscope.optim_runner.check.run_noise import spread_of
 from stepscope.store.calibration import (
     CACHE_FILE,
+    NoiseCalibration,
     cached_calibration,
+    cached_noise,
     calibration_path,
     host_name,
     save_calibration,
@@ -109,3 +114,48 @@ def test_cli_table_says_where_it_cached(tmp_path: Path) -> None:
     for word in ("GFLOP/s", "GB/s", "bfloat16", "1 thread", str(tmp_path / CACHE_FILE)):
         assert word in done.stdout
     assert cached_calibration(tmp_path, "bfloat16", 1) is not None
+
+
+# -- calibrate --noise: the host's run-to-run spread -----------------------------------------
+def test_cli_noise_records_whole_runs_in_a_store_of_its_own(tmp_path: Path) -> None:
+    """Real runs of the fixed job, each its own process; the result cached beside the
+    peak, and the runs themselves never in the user's store ($STEPSCOPE_STORE)."""
+    home, team_store = tmp_path / "home", tmp_path / "team.db"
+    env = {**os.environ, "STEPSCOPE_HOME": str(home), "STEPSCOPE_STORE": str(team_store)}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    cmd = [sys.executable, "-m", "stepscope.app.cli", "calibrate", "--noise", "--runs", "2",
+           "--steps", "30", "--json"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert (out["kind"], out["runs"], out["steps"], out["threads"]) == ("noise", 2, 30, 1)
+    assert set(out["cv"]) == {"median", "mean", "p99"}
+    assert all(v >= 0 for v in out["cv"].values()) and out["step_s"] > 0
+    assert out["host"] == host_name() and out["cache"] == str(home / CACHE_FILE)
+    assert done.stderr == ""  # --json: no progress lines
+    noise = cached_noise(home)
+    assert noise is not None and noise.cv == out["cv"] and noise.runs == 2
+    assert "calibrate --noise" in noise.conditions() and "2 runs of 30" in noise.conditions()
+    assert not team_store.exists()  # the fixed job's runs went to a temporary store
+    assert cached_calibration(home, "float32") is None  # the peak's entries are apart
+    bad = subprocess.run([*cmd[:5], "--runs", "1"], capture_output=True, text=True, env=env)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+    assert "at least 2 runs" in bad.stderr
+
+
+def test_noise_and_peak_entries_share_the_cache(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    cal = calibrate("float32", threads=1, seconds=0.1, stream_bytes=4 << 20)
+    save_calibration(tmp_path, cal)
+    noise = NoiseCalibration(
+        cv={"median": 0.04, "mean": 0.05, "p99": 0.2}, runs=5, steps=300, step_s=0.003,
+        threads=1, host=host_name(), cpu_model="x", torch_version="t",
+        date="2026-11-28T10:00:00+00:00", load=(1.0, 2.0), seconds=30.0,
+    )  # fmt: skip
+    save_calibration(tmp_path, noise)
+    assert cached_noise(tmp_path) == noise and cached_noise(tmp_path, "another-host") is None
+    assert cached_calibration(tmp_path, "float32", 1) == cal
+    assert cached_calibration(tmp_path, "float32") == cal  # the noise entry is no peak
+    assert spread_of([{"m": 1.0}, {"m": 1.1}, {"m": 0.9}])["m"] == pytest.approx(
+        float(np.std(np.log([1.0, 1.1, 0.9]), ddof=1))
+    )

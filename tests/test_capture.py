@@ -13,8 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from stepscope.collectors.control import CapturePoller, capture_request_path, request_capture
-from stepscope.collectors.step_accounting import AFTER_CAPTURE_STEPS
+from stepscope.collectors.capture.control import (
+    CapturePoller,
+    capture_request_path,
+    request_capture,
+)
+from stepscope.collectors.steps.step_accounting import AFTER_CAPTURE_STEPS
 from stepscope.store import RunStore
 
 _spec = importlib.util.spec_from_file_location(
@@ -41,7 +45,9 @@ def test_capture_window_yields_trace_with_exactly_k_steps(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "done\n"
     arts = jobs.artifacts(tmp_path, run_id)
-    assert list(arts["kind"]) == ["trace"]  # CPU: no memory snapshot
+    # CPU: no memory snapshot; torch's categorised memory timeline beside the trace
+    assert list(arts["kind"]) == ["trace", "memory_timeline"]
+    assert arts["meta"][1]["device"] == "cpu"
     path = arts["path"][0]
     assert path.endswith(".pt.trace.json.gz") and Path(path).parent.name == str(run_id)
     assert _profiler_steps(path) == ["ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4"]
@@ -95,7 +101,7 @@ def test_on_demand_capture_through_control_file(tmp_path):
         proc.kill()
         proc.wait()
     arts = jobs.artifacts(tmp_path, run_id)
-    assert len(arts) == 1, "one request, one capture"
+    assert list(arts["kind"]) == ["trace", "memory_timeline"], "one request, one capture"
     meta = arts["meta"][0]
     assert meta["reason"] == "request" and meta["request_id"] == request_id
     names = _profiler_steps(arts["path"][0])
@@ -192,7 +198,7 @@ def test_capture_keeps_the_profilers_own_lines_out_of_the_jobs_stderr(tmp_path):
     with RunStore(tmp_path / "home") as store:
         run_id = store.resolve_run("last")
         arts = store.artifacts(run_id)
-    assert list(arts["kind"]) == ["trace"]
+    assert list(arts["kind"]) == ["trace", "memory_timeline"]
     assert _profiler_steps(arts["path"][0]) == [
         "ProfilerStep#3",
         "ProfilerStep#4",
@@ -206,7 +212,7 @@ def test_capture_keeps_the_profilers_own_lines_out_of_the_jobs_stderr(tmp_path):
 def test_c10_log_level_is_raised_only_around_stepscopes_own_free(monkeypatch):
     import os
 
-    from stepscope.collectors import profiler_capture as pc
+    from stepscope.collectors.capture import profiler_capture as pc
 
     level = pc._c10_log_level()
     assert level is not None  # torch 2.13's libc10 exports it

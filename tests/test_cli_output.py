@@ -32,7 +32,7 @@ from stepscope.app.cli import main as cli
 from stepscope.app.cli import optimize as cli_optimize
 from stepscope.app.cli.optimize import render
 from stepscope.app.cli.term import console
-from stepscope.collectors.launcher import launch_run
+from stepscope.collectors.launch.launcher import launch_run
 from stepscope.store import RunStore
 
 JOBS = Path(__file__).resolve().parent / "jobs"
@@ -171,7 +171,8 @@ def test_report_shows_not_applied_notes_contention_and_keep_explicit(tmp_path: P
         "-",
         "-",
         f"not applied: dataloader_workers: {NOT_APPLIED_WHY}",
-        "-",
+        "-",  # its guard
+        "-",  # its peak memory
     ], cells
     assert _row(text, "prefetch_factor").split("│")[6].strip() == "no measurable change"
 
@@ -208,19 +209,19 @@ def test_keep_explicit_reaches_the_experiment(
         stored = s.experiment(ids["experiment"])["result"]
     seen: list[dict] = []
 
-    def fake_run(store, run_id, **kwargs):  # noqa: ANN001, ANN202
-        seen.append({"run": run_id, **kwargs})
-        return dict(stored, keep_explicit=kwargs["keep_explicit"])
+    def fake_run(store, run_id, options, progress=None):  # noqa: ANN001, ANN202
+        seen.append({"run": run_id, **options.to_json()})
+        return dict(stored, keep_explicit=options.keep_explicit)
 
     monkeypatch.setattr(cli_optimize, "run_experiment", fake_run)
     base = str(ids["baseline"])
     assert cli.main(["--home", str(home), "optimize", base, "--keep-explicit"]) == 0
     assert "values the script set explicitly were kept (--keep-explicit)" in capsys.readouterr().out
-    assert cli.main(["--home", str(home), "optimize", base, "--json"]) == 0
+    assert cli.main(["--home", str(home), "optimize", base, "--json", "--stall", "90"]) == 0
     assert json.loads(capsys.readouterr().out)["keep_explicit"] is False
-    assert [(s["run"], s["keep_explicit"]) for s in seen] == [
-        (ids["baseline"], True),
-        (ids["baseline"], False),
+    assert [(s["run"], s["keep_explicit"], s["stall_s"]) for s in seen] == [
+        (ids["baseline"], True, None),
+        (ids["baseline"], False, 90.0),
     ]
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from stepscope.app.cli.main import main
-from stepscope.collectors.control import capture_request_path
+from stepscope.collectors.capture.control import capture_request_path
 from stepscope.store import RunStore
 
 STEPSCOPE = [sys.executable, "-m", "stepscope.app.cli"]
@@ -188,13 +188,29 @@ def test_show_json_values(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_unknown_run_is_one_line_and_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every command that takes a run: 1 and one line naming what was not found (a
+    refused action is 2; a store's own problem is said as such)."""
     _synthetic_run()
-    for args in (["show", "no-such-run"], ["show", "77", "--json"], ["capture", "nope"]):
-        assert main(args) == 1
+    for args in (
+        ["show", "no-such-run"],
+        ["show", "77", "--json"],
+        ["capture", "nope"],
+        ["optimize", "nope"],
+        ["optimize", "nope", "--sweep", "batch"],
+        ["check", "nope", "--against", "last"],
+        ["check", "last", "--against", "nope"],
+        ["diff", "last", "nope"],
+        ["tag", "nope", "base"],
+        ["trust", "nope"],
+        ["analyze", "nope"],
+    ):
+        assert main(args) == 1, args
         captured = capsys.readouterr()
         assert captured.out == ""
         lines = captured.err.splitlines()
-        assert len(lines) == 1 and lines[0].startswith("stepscope: no run"), lines
+        assert len(lines) == 1 and lines[0].startswith("stepscope"), (args, lines)
+        what = "77" if "77" in args else "no-such-run" if "no-such-run" in args else "nope"
+        assert f"'{what}'" in lines[0] or f"{what}: no such file, folder or run" in lines[0]
 
 
 def test_show_on_an_empty_store_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:

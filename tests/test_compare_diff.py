@@ -22,9 +22,9 @@ from dashboard_helpers import experiment_result, no_errors, open_page, stepscope
 
 from stepscope.app.cli.optimize import render
 from stepscope.app.cli.term import console
-from stepscope.app.dashboard.compare_ops import filtered
-from stepscope.app.dashboard.experiment_view import CHANGES
-from stepscope.optim_runner.arm_changes import (
+from stepscope.app.dashboard.views.compare.compare_ops import filtered
+from stepscope.app.dashboard.views.optimize.experiment_view import CHANGES
+from stepscope.optim_runner.verdict.arm_changes import (
     NOTHING,
     UNKNOWN,
     changes_line,

@@ -35,9 +35,9 @@ from recordings import ib_profiled
 from stepscope import fixes
 from stepscope.analyzers.steps.step_stats import summarize_steps
 from stepscope.app.formats import fmt_pct, fmt_s
-from stepscope.optim_runner.plan import PlannedFix
-from stepscope.optim_runner.stats import speedup_ci, timed_step_times
-from stepscope.optim_runner.trials import candidate_arms
+from stepscope.optim_runner.speedup.stats import speedup_ci, timed_step_times
+from stepscope.optim_runner.trials.plan import PlannedFix
+from stepscope.optim_runner.trials.trials import candidate_arms
 from stepscope.store import RunStore
 from stepscope.store.calibration import save_calibration
 
@@ -198,8 +198,13 @@ def test_runs_run_diagnose_optimize_compare_in_chromium(
                     # toggles, left off (the default); the consent toggle shows where the
                     # diagnosis offers a fix that changes numerics
                     expect(box.locator("input")).not_to_be_checked()
-                elif "dataloader_workers" not in text and box.locator("input").is_enabled():
-                    # (a fix that needs the consent toggle is shown disabled, unticked)
+                elif (
+                    "dataloader_workers" not in text
+                    and box.locator("input").is_enabled()
+                    and box.locator("input").is_checked()
+                ):
+                    # (a fix that needs the consent toggle is shown disabled, unticked; one
+                    # predicted to gain nothing is shown unticked: both are left as they are)
                     box.locator("label").click()
                     expect(box.locator("input")).not_to_be_checked()
                     # the rerun this click started is over before the next click: a click

@@ -30,10 +30,10 @@ from stepscope.analyzers.rules.memory import memory_bandwidth, memory_capacity
 from stepscope.analyzers.rules.recommend import predict
 from stepscope.analyzers.trace.load import load_trace
 from stepscope.analyzers.trace.syncs import host_device_syncs
-from stepscope.collectors.launcher import launch_run
-from stepscope.collectors.system_sampler import run_sampler
+from stepscope.collectors.launch.launcher import launch_run
+from stepscope.collectors.samplers.system_sampler import run_sampler
 from stepscope.fixes.requirements import REQUIREMENTS
-from stepscope.optim_runner.plan import choose_fixes
+from stepscope.optim_runner.trials.plan import choose_fixes
 from stepscope.store import RunStore
 from stepscope.types import Finding, FixAdvice, JobContext
 
@@ -316,7 +316,7 @@ def test_catalog_entries_are_complete() -> None:
         "torch_compile",
         "channels_last",
         "fused_optimizer",
-        "gradient_checkpointing",
+        "activation_checkpointing",
         "larger_batch",
         "expandable_segments",
         "avoid_syncs",
@@ -693,3 +693,42 @@ def test_a_verdict_from_very_few_steps_says_so() -> None:
     assert d.findings[0].confidence == pytest.approx(many.findings[0].confidence * 0.5, abs=0.01)
     assert any("only 1 timed step" in w for w in d.warnings)
     assert not any("timed step" in w for w in many.warnings)
+
+
+# -- a capture that covered no step of the job ------------------------------------------
+def test_a_capture_after_the_last_step_gives_no_shares_of_step_time(tmp_path: Path) -> None:
+    # LBFGS's 58 s steps: the capture held only "steps" of 5.6, 0.2, 0.1 ms after the
+    # last real one, and the verdict was "host overhead, 100 % of step time". Here the
+    # capture opens at step 4 of a 4-step job: it holds only the job's tail.
+    home = tmp_path / "h"
+    run_id, code = launch_run(
+        [sys.executable, str(JOBS / "train.py"), "--steps", "4", "--sleep", "0.3"],
+        home=home,
+        quiet=True,
+        profile_at=4,
+        profile_steps=3,
+    )
+    assert code == 0
+    with RunStore(home) as store:
+        assert not store.steps(run_id)["profiled"].fillna(0).astype(bool).any()
+        assert not store.artifacts(run_id).empty  # a trace was written: the job's tail
+        diagnosis = diagnose_run(store, run_id)
+    assert dx.NO_COMPLETE_STEP in diagnosis.warnings
+    assert diagnosis.level != "trace"  # the shares come from the steps and samples
+    assert all(f.key != "compute/host_overhead" for f in diagnosis.findings)
+
+
+def test_a_capture_of_whole_steps_is_used(tmp_path: Path) -> None:
+    home = tmp_path / "h"
+    run_id, code = launch_run(
+        [sys.executable, str(JOBS / "train.py"), "--steps", "5", "--sleep", "0.05"],
+        home=home,
+        quiet=True,
+        profile_at=2,
+        profile_steps=2,
+    )
+    assert code == 0
+    with RunStore(home) as store:
+        diagnosis = diagnose_run(store, run_id)
+    assert dx.NO_COMPLETE_STEP not in diagnosis.warnings
+    assert diagnosis.level == "trace"

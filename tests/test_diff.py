@@ -26,9 +26,9 @@ from stepscope.analyzers.report.op_diff import (
     phase_calls,
 )
 from stepscope.analyzers.report.run_diff_ops import diff_runs, diff_traces
-from stepscope.optim_runner.added_work import added_work, beyond
-from stepscope.optim_runner.perf_check import NO_SLOWDOWN, _with_added_work, check_runs
-from stepscope.optim_runner.perf_check import SLOWER as CHECK_SLOWER
+from stepscope.optim_runner.check.added_work import added_work, beyond
+from stepscope.optim_runner.check.perf_check import NO_SLOWDOWN, _with_added_work, check_runs
+from stepscope.optim_runner.check.perf_check import SLOWER as CHECK_SLOWER
 from stepscope.store import RunStore
 from tests.traces import trace_path
 
@@ -218,13 +218,13 @@ def test_added_work_upgrades_only_a_run_not_measurably_slower() -> None:
     assert _with_added_work(NO_SLOWDOWN, "same", [], 0.05) == (NO_SLOWDOWN, "same", [])
 
 
-def test_cli_diff_prints_json_and_bad_input_is_one_line_exit_2(two_runs) -> None:
+def test_cli_diff_prints_json_and_an_unknown_run_is_one_line_exit_1(two_runs) -> None:
     home, a, b = two_runs
     out = stepscope(home, "diff", str(a), str(b), "--json")
     doc = json.loads(out.stdout)
     assert doc["a"] == f"run {a}" and doc["ops"] and set(doc["ops"][0]) == set(COLUMNS)
     bad = stepscope(home, "diff", str(a), "no-such-run", check=False)
-    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+    assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1
     assert "no-such-run" in bad.stderr
     text = stepscope(home, "diff", str(a), str(b), "--top", "5").stdout
     assert "aten::mm" in text and "measured changes first" in text

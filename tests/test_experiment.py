@@ -24,18 +24,19 @@ import pandas as pd
 import psutil
 import pytest
 
-from stepscope.collectors.launcher import launch_run
+from stepscope.collectors.launch.launcher import launch_run
 from stepscope.optim_runner.background import cancel_experiment, start_experiment
-from stepscope.optim_runner.bound_check import above_bound_note
-from stepscope.optim_runner.contention import contention
-from stepscope.optim_runner.failures import (
+from stepscope.optim_runner.experiment.options import ExperimentOptions
+from stepscope.optim_runner.guards.quality import check_quality
+from stepscope.optim_runner.trials.contention import contention
+from stepscope.optim_runner.trials.failures import (
     MIN_AUTO_STALL_S,
     SLOW_START_ALLOWANCE_S,
     Timeouts,
     failure_kind,
 )
-from stepscope.optim_runner.quality import check_quality
-from stepscope.optim_runner.verdict import pick_best
+from stepscope.optim_runner.verdict.bound_check import above_bound_note
+from stepscope.optim_runner.verdict.verdict import pick_best
 from stepscope.store import RunStore
 
 JOBS = Path(__file__).resolve().parent / "jobs"
@@ -192,11 +193,18 @@ def test_verdicts_and_the_fixes_kept(experiment) -> None:
     assert fixes["channels_last"]["verdict"] == "slower" and not fixes["channels_last"]["kept"]
     assert not fixes["tf32"]["kept"] and not fixes["expandable_segments"]["kept"]  # loss changed
     assert fixes["ddp_static_graph"]["status"] == "failed" and fixes["ddp_static_graph"]["error"]
-    # the kept pair was never run as a candidate of its own: it is confirmed
+    # the kept pair was never run as a candidate of its own: it is confirmed; then each
+    # of the two is taken out of it (leave-one-out), and each is needed
     best = result["best"]
     assert best["fixes"] == ["fused_optimizer", "cudnn_benchmark"]
     assert best["confirmed"] is True and best["candidate"] == "confirm"
     assert best["verdict"] == "faster"
+    loo = result["leave_one_out"]
+    assert loo["from"] == "confirm" and loo["dropped"] == {}
+    for fix in best["fixes"]:
+        share = loo["shares"][fix]
+        assert share["needed"] and share["share"]["ci"][0] > 1.0  # each halves the wait
+        assert fixes[fix]["in_set"]["against"] == "confirm without it"
     # the verdict is on throughput; the median step ratio is recorded beside it (its size,
     # even its direction, differs on a busy machine: the median leaves the slow steps out)
     assert fast["speedup_basis"] == "samples_per_s"
@@ -219,6 +227,10 @@ def test_trials_are_interleaved_with_the_arm_order_rotated(experiment) -> None:
         ("confirm", 1, "confirm"),
         ("confirm", 1, "baseline"),
     ]
+    # then leave-one-out from it: the set again and the set without each fix, rotated
+    loo = ["confirm (again)", "confirm - fused_optimizer", "confirm - cudnn_benchmark"]
+    expected += [("leave_one_out", 0, arm) for arm in loo]
+    expected += [("leave_one_out", 1, arm) for arm in loo[1:] + loo[:1]]
     assert seen == expected
     for run in runs:
         assert run["config"]["experiment"] == result["experiment_id"]
@@ -229,7 +241,7 @@ def test_trials_are_interleaved_with_the_arm_order_rotated(experiment) -> None:
 def test_each_trial_gets_its_plan_file_with_the_seed(experiment) -> None:
     result = experiment["result"]
     runs = _trial_runs(experiment["home"], experiment["run_id"], result["experiment_id"])
-    assert len(runs) == 20
+    assert len(runs) == 26  # 16 trials, 4 confirming, 6 leave-one-out
     with RunStore(experiment["home"]) as store:
         for run in runs:
             plan = json.loads((store.run_dir(run["id"]) / "plan.json").read_text())
@@ -270,7 +282,7 @@ def test_json_report_and_stored_experiment(experiment) -> None:
         assert row["id"] in [e["id"] for e in store.experiments(experiment["run_id"])]
     assert row["status"] == "completed" and row["ended_at"] is not None
     assert row["result"] == result
-    assert row["progress"]["done"] == row["progress"]["total"] == 20
+    assert row["progress"]["done"] == row["progress"]["total"] == 26
     assert row["config"]["fixes"] == list(EFFECTS)
     # --full: every round ran, nothing stopped, no budget
     design = result["design"]
@@ -284,7 +296,17 @@ def test_json_report_and_stored_experiment(experiment) -> None:
 def test_background_experiment_reports_progress_through_the_store(recorded) -> None:
     home, run_id = recorded
     experiment_id = start_experiment(
-        home, run_id, fixes=["fused_optimizer"], steps=8, trials=1, timeout_s=120
+        home,
+        run_id,
+        # stall_s and busy_repeats: options the background path once dropped
+        ExperimentOptions(
+            fixes=("fused_optimizer",),
+            steps=8,
+            trials=1,
+            timeout_s=120,
+            stall_s=90.0,
+            busy_repeats=0,
+        ),
     )
     events = []
     deadline = time.monotonic() + 180
@@ -299,6 +321,7 @@ def test_background_experiment_reports_progress_through_the_store(recorded) -> N
     assert row["status"] == "completed", row["error"]
     assert "trial_start" in events  # seen while it ran
     assert row["progress"]["done"] == row["progress"]["total"] == 2
+    assert (row["config"]["stall_s"], row["config"]["busy_repeats"]) == (90.0, 0)
     # which set is best is the measurement's (one trial of 8 steps, on a machine under any
     # load), not this test's: the store holds the decision either way, the one candidate
     # or none (CI once measured no gain here)
@@ -312,7 +335,9 @@ def test_background_experiment_reports_progress_through_the_store(recorded) -> N
 def test_cancelled_background_experiment_stops_its_trial(recorded) -> None:
     home, run_id = recorded
     experiment_id = start_experiment(
-        home, run_id, fixes=["fused_optimizer"], steps=10_000, trials=1, timeout_s=120
+        home,
+        run_id,
+        ExperimentOptions(fixes=("fused_optimizer",), steps=10_000, trials=1, timeout_s=120),
     )
     deadline = time.monotonic() + 120
     with RunStore(home) as store:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from stepscope.collectors.capture_auto import FIRST_STEP, LAST_STEP
-from stepscope.collectors.launcher import launch_run
+from stepscope.collectors.capture.capture_auto import FIRST_STEP, LAST_STEP
+from stepscope.collectors.launch.launcher import launch_run
 from stepscope.store import RunStore
 
 JOBS = Path(__file__).resolve().parent / "jobs"

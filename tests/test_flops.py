@@ -33,6 +33,7 @@ from stepscope.analyzers.hardware.flop_formulas import FORMULAS, NORM_FLOPS_PER_
 from stepscope.analyzers.hardware.flops import flops_per_step, flops_summary, operator_flops
 from stepscope.analyzers.trace import flop_ops
 from stepscope.analyzers.trace.load import Trace, load_trace
+from stepscope.store import bounded_read
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -298,13 +299,13 @@ def test_the_loader_keeps_the_args_of_exactly_the_operators_with_a_formula() -> 
 
 def test_operator_flops_parses_each_file_once(monkeypatch: pytest.MonkeyPatch) -> None:
     reads: list[Path] = []
-    read_bytes = Path.read_bytes
+    read_capped = bounded_read.read_capped  # every read of a trace file goes through it
 
-    def counted(path: Path) -> bytes:
+    def counted(path: Path, cap: int | None = None) -> bytes | bytearray:
         reads.append(path)
-        return read_bytes(path)
+        return read_capped(path, cap)
 
-    monkeypatch.setattr(Path, "read_bytes", counted)
+    monkeypatch.setattr(bounded_read, "read_capped", counted)
     paths = [trace_path(RANK0), trace_path(RANK1)]
     ops = operator_flops(load_trace(paths))
     assert len(ops) == PINNED[RANK0, RANK1][0]

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from stepscope import fixes as catalog
-from stepscope.collectors.contract import ENV_PLAN
+from stepscope.collectors.launch.contract import ENV_PLAN
 from stepscope.fixes.install import PlanApplier
 from stepscope.store import RunStore
 

@@ -23,8 +23,8 @@ from dashboard_helpers import no_errors, open_page
 from streamlit.testing.v1 import AppTest
 
 from stepscope.app.formats import fmt_pct
-from stepscope.collectors.launcher import launch_run
-from stepscope.optim_runner.generation_sweep import samples
+from stepscope.collectors.launch.launcher import launch_run
+from stepscope.optim_runner.sweeps.generation_sweep import samples
 from stepscope.store import RunStore
 
 pytestmark = pytest.mark.slow

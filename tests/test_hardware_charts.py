@@ -16,7 +16,6 @@ from traces import CPU_ONLY, RESNET_NW0, trace_path
 
 from stepscope.analyzers.report.trace_report import TraceReport, analyze_trace
 from stepscope.analyzers.steps.phases import PHASES
-from stepscope.app.dashboard import hardware_sections as hw
 from stepscope.app.dashboard.charts.hardware import (
     REST_LABEL,
     STEP_PHASE_COLORS,
@@ -27,6 +26,7 @@ from stepscope.app.dashboard.charts.hardware import (
     roof_lines,
     roofline_chart,
 )
+from stepscope.app.dashboard.views.run import hardware_sections as hw
 from stepscope.store.calibration import save_calibration
 from stepscope.types import PHASE_LABELS
 
@@ -184,7 +184,9 @@ def test_cpu_roofline_against_the_calibration(cpu: tuple[TraceReport, TraceRepor
     fig = roofline_chart(roof)
     assert fig is not None
     by_name = {t.name: t for t in fig.data}
-    assert list(by_name["compute roof"].y) == pytest.approx([0.1, 0.1])
+    # a CPU's rates read in GFLOP/s: the 0.1 TFLOP/s roof at 100
+    assert fig.layout.yaxis.title.text == "achieved GFLOP/s"
+    assert list(by_name["compute roof"].y) == pytest.approx([100.0, 100.0])
     assert by_name["memory roof"].x[-1] == pytest.approx(100 / 25)  # GFLOP/s / GB/s
     assert "matmul" in list(by_name["operator classes"].text)
     assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
@@ -206,3 +208,44 @@ def test_no_shapes_no_chart() -> None:
     assert roof is not None and roof.basis != "shapes"
     assert roofline_chart(roof) is None
     assert hw.no_mfu_reason(roof) == roof.basis
+
+
+def test_a_cpu_roofline_reads_in_human_units(cpu: tuple[TraceReport, TraceReport]) -> None:
+    # a CPU job's axis read "100µ / 100n" TFLOP/s and its table "5.93e-08"
+    roof = cpu[0].roofline
+    assert roof is not None
+    fig = roofline_chart(roof)
+    assert fig is not None
+    unit = fig.layout.yaxis.title.text.removeprefix("achieved ")
+    assert unit in {"GFLOP/s", "MFLOP/s"}  # a laptop-class CPU: never TFLOP/s
+    for axis in (fig.layout.xaxis, fig.layout.yaxis):
+        assert axis.exponentformat == "none"  # plain numbers, no SI prefix beside the unit
+    points = values(fig.to_plotly_json()["data"][-2]["y"])
+    assert 1.0 <= max(points) < 1000.0  # the biggest rate is a plain number in that unit
+    table = hw._roof_table(roof.classes, "op_class", "class")
+    assert unit in table.columns and "TFLOP/s" not in table.columns
+    cells = " ".join(table.astype(str).to_numpy().ravel())
+    assert "e-" not in cells and "e+" not in cells
+    assert hw.flops_unit([2.5]) == ("TFLOP/s", 1.0)  # a GPU's stay in TFLOP/s
+    assert hw.flops_unit([6e-8]) == ("kFLOP/s", 1e9)
+
+
+def _steps(step_s: float, n: int = 6) -> pd.DataFrame:
+    """A run's steps as the store gives them: one process, ``n`` steps of ``step_s``."""
+    start = 1_795_000_000.0 + np.arange(n) * step_s
+    return pd.DataFrame(
+        {"rank": 0, "worker": 0, "step": np.arange(n), "start_s": start,
+         "end_s": start + step_s, "profiled": 0}
+    )  # fmt: skip
+
+
+def test_long_steps_read_in_seconds_or_minutes_not_80k_ms() -> None:
+    from stepscope.app.dashboard.charts.steps import step_time_chart
+
+    # LBFGS's 58 s steps read "80k" on an axis in ms
+    for step_s, unit, top in ((0.05, "ms", 50.0), (58.0, "s", 58.0), (1500.0, "min", 25.0)):
+        fig = step_time_chart(_steps(step_s), warmup_steps=1, median_s=step_s)
+        assert fig.layout.yaxis.title.text == f"step time ({unit})"
+        ys = [y for t in fig.data for y in t.y]
+        assert max(ys) == pytest.approx(top)
+        assert fig.layout.shapes[0].y0 == pytest.approx(top)  # the median line, same unit

@@ -20,7 +20,7 @@ from stepscope import fixes as catalog
 from stepscope.analyzers.rules.diagnosis import diagnose_run
 from stepscope.analyzers.rules.evidence import Evidence
 from stepscope.analyzers.rules.inference import inference_grad, inference_train_mode
-from stepscope.collectors.contract import ENV_PLAN
+from stepscope.collectors.launch.contract import ENV_PLAN
 from stepscope.store import RunStore
 from stepscope.types import JobContext
 

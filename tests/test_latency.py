@@ -28,9 +28,9 @@ from stepscope.analyzers.steps.step_stats import summarize_steps, timed_steps
 from stepscope.app.cli import term
 from stepscope.app.cli.optimize import render
 from stepscope.app.formats import fmt_num, fmt_s
-from stepscope.optim_runner.latency_compare import latency_ratios
-from stepscope.optim_runner.speed import compare_speed
-from stepscope.optim_runner.stats import speedup_ci, timed_step_times
+from stepscope.optim_runner.speedup.latency_compare import latency_ratios
+from stepscope.optim_runner.speedup.speed import compare_speed
+from stepscope.optim_runner.speedup.stats import speedup_ci, timed_step_times
 from stepscope.store import RunStore
 
 MS = 1e-3
@@ -216,7 +216,7 @@ def _open(page: str, **params: str) -> AppTest:
     at = AppTest.from_file(str(ENTRY), default_timeout=120)
     at.run()
     at.query_params.update(params)
-    at.switch_page(f"views/{page}.py").run()
+    at.switch_page(f"views/{page}/page.py").run()
     assert not at.exception, [e.value for e in at.exception]
     assert not at.error, [e.value for e in at.error]
     return at

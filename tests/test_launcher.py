@@ -264,7 +264,7 @@ print("stdin", sys.stdin.read() == "")
 
 
 def test_launch_run_timeout_ends_the_whole_process_group(tmp_path: Path, capfd) -> None:
-    from stepscope.collectors.launcher import launch_run
+    from stepscope.collectors.launch.launcher import launch_run
 
     job = _write(tmp_path, "hang.py", HANGING_JOB)
     pid_file = tmp_path / "grandchild.pid"
@@ -301,7 +301,7 @@ time.sleep(3600)
 
 
 def test_a_job_that_stops_stepping_is_ended_long_before_its_time_limit(tmp_path: Path) -> None:
-    from stepscope.collectors.launcher import launch_run
+    from stepscope.collectors.launch.launcher import launch_run
 
     job = _write(tmp_path, "steps_then_hangs.py", STEPS_THEN_HANGS)
     started = time.monotonic()
@@ -318,8 +318,40 @@ def test_a_job_that_stops_stepping_is_ended_long_before_its_time_limit(tmp_path:
     assert run["config"]["stall_s"] == 5
 
 
+STEPS_THEN_FAILS_SLOWLY = """
+import atexit, time
+import torch
+atexit.register(time.sleep, 8)  # a slow exit, as torch's teardown is on a loaded machine
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(10):
+    if step == 3:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_a_job_that_failed_and_leaves_slowly_keeps_its_own_error(tmp_path: Path) -> None:
+    # two CI runs read a trial's out-of-memory error as a hang: its exit outlasted the
+    # stall limit. The error is in the store before the exit, and the stall clock stops.
+    from stepscope.collectors.launch.launcher import launch_run
+
+    job = _write(tmp_path, "steps_then_fails_slowly.py", STEPS_THEN_FAILS_SLOWLY)
+    run_id, code = launch_run(
+        [sys.executable, str(job)], timeout_s=300, stall_s=5, output_path="output.log"
+    )
+    assert code == 1
+    with RunStore() as store:
+        run = store.run(run_id)
+        assert len(store.steps(run_id)) == 3
+    assert run["status"] == "failed"
+    assert run["error"].startswith("torch.OutOfMemoryError: CUDA out of memory")
+
+
 def test_launch_run_options(tmp_path: Path, capfd) -> None:
-    from stepscope.collectors.launcher import launch_run
+    from stepscope.collectors.launch.launcher import launch_run
 
     job = _write(tmp_path, "echo.py", ECHO_JOB)
     workdir = tmp_path / "work"

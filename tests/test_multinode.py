@@ -22,7 +22,7 @@ import pytest
 from dashboard_helpers import ENTRY, REPO, cli_env
 from streamlit.testing.v1 import AppTest
 
-from stepscope.collectors.run_group import run_group_of
+from stepscope.collectors.launch.run_group import run_group_of
 from stepscope.store import RunStore
 
 TIMEOUT_S = 300
@@ -123,7 +123,7 @@ def test_launchers_of_one_group_share_a_run_ended_by_the_last(
         text=True,
         timeout=TIMEOUT_S,
     )
-    assert proc.returncode == 1
+    assert proc.returncode == 2  # a refused action, as every refusal (exit_codes.py)
     assert proc.stderr.strip() == (
         f"stepscope: cannot optimize run {run_id}: a multi-node run (group group:g1): its "
         "command is one node's, and a re-run of it alone would wait for the others; "
@@ -138,7 +138,7 @@ def test_launchers_of_one_group_share_a_run_ended_by_the_last(
         text=True,
         timeout=TIMEOUT_S,
     )
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert proc.stderr.startswith(f"stepscope: cannot sweep run {run_id}: a multi-node run")
 
 
@@ -252,7 +252,7 @@ def test_two_torchrun_nodes_record_one_run(
     at = AppTest.from_file(str(ENTRY), default_timeout=TIMEOUT_S)
     at.run()
     at.query_params["run"] = str(run_id)
-    at.switch_page("views/run.py").run()
+    at.switch_page("views/run/page.py").run()
     assert not at.exception, [e.value for e in at.exception]
     table = next(df.value for df in at.dataframe if "node rank" in df.value.columns)
     assert sorted(table["rank"]) == [0, 1] and set(table["node"]) == {socket.gethostname()}

@@ -21,9 +21,9 @@ import pytest
 import torch
 
 from stepscope import fixes as catalog
-from stepscope.collectors.launcher import launch_run
-from stepscope.collectors.output_record import first_tensor
-from stepscope.optim_runner.output_guard import (
+from stepscope.collectors.launch.launcher import launch_run
+from stepscope.collectors.trials.output_record import first_tensor
+from stepscope.optim_runner.guards.output_guard import (
     DEFAULT_RECORDED_CALLS,
     check_outputs,
     compare,
@@ -208,7 +208,7 @@ def test_the_optimize_page_shows_the_outputs_changed(guarded, monkeypatch) -> No
     at = AppTest.from_file(str(REPO / "stepscope" / "app" / "dashboard" / "main.py"))
     at.run(timeout=120)
     at.query_params.update(experiment=str(guarded["result"]["experiment_id"]))
-    at.switch_page("views/optimize.py").run(timeout=120)
+    at.switch_page("views/optimize/page.py").run(timeout=120)
     assert not at.exception, [e.value for e in at.exception]
     table = next(df.value for df in at.dataframe if "outputs" in df.value.columns)
     rows = {r["candidate"]: r for r in table.to_dict("records")}

@@ -184,7 +184,7 @@ def test_closure_job_counts_its_forward_and_backward(tmp_path: Path) -> None:
 
         optimizer.step(closure)
 
-    # stepscope's capture settings (collectors/profiler_capture.py)
+    # stepscope's capture settings (collectors/capture/profiler_capture.py)
     with profile(
         activities=[ProfilerActivity.CPU],
         schedule=lambda _step: ProfilerAction.RECORD,

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from stepscope import fixes as catalog
-from stepscope.collectors.launcher import launch_run
-from stepscope.fixes.cpu_threads import choose_threads
-from stepscope.fixes.dataloader_workers import choose_num_workers
-from stepscope.optim_runner import plan
+from stepscope.collectors.launch.launcher import launch_run
+from stepscope.fixes.catalog.cpu_threads import choose_threads
+from stepscope.fixes.catalog.dataloader_workers import choose_num_workers
+from stepscope.optim_runner.trials import plan
 from stepscope.store import RunStore
 
 JOBS = Path(__file__).resolve().parent / "jobs"
@@ -59,7 +59,8 @@ def test_workers_more_than_cores_for_io_one_per_core_for_cpu(runs) -> None:
         assert planned["prefetch_factor"].params == {"prefetch_factor": 4}
         # the loader has no workers: these two only mean something with the workers fix
         assert planned["prefetch_factor"].needs == "dataloader_workers"
-        assert planned["persistent_workers"].needs == "dataloader_workers"
+        # one pass over the loader: persistent workers would keep nothing (issue 39)
+        assert "persistent_workers" not in planned
         assert planned["dataloader_workers"].predicted_speedup > 1.0
         assert planned["dataloader_workers"].finding == "io/input_pipeline"
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from stepscope.app.dashboard.run_diff import flatten, json_diff
+from stepscope.app.dashboard.views.compare.run_diff import flatten, json_diff
 
 BASELINE = {"arm": "baseline", "fixes": [], "max_steps": 40, "applied": [{"fix": "seed"}]}
 TRIAL = {

@@ -15,7 +15,7 @@ from stepscope.analyzers.steps.stacks import (
     stack_summary,
     top_sites,
 )
-from stepscope.collectors.stack_sampler import explain_failure, parse_raw
+from stepscope.collectors.samplers.stack_sampler import explain_failure, parse_raw
 from stepscope.store import RunStore
 
 SITE = "/venv/lib/python3.11/site-packages"
@@ -53,6 +53,16 @@ def test_parse_raw_reads_processes_threads_and_skips_a_cut_off_line() -> None:
     ("frames", "phase"),
     [
         (f"{_train(40)};{NEXT}", "data_loading"),
+        # the innermost frame waits for work: a server between requests, a queue, a lock
+        (
+            "<module> (/srv/app.py:30);BaseServer.serve_forever (/usr/lib/python3.11/"
+            "socketserver.py:233);_PollSelector.select (/usr/lib/python3.11/selectors.py:415)",
+            "idle",
+        ),
+        ("<module> (/srv/app.py:30);Queue.get (/usr/lib/python3.11/queue.py:171)", "idle"),
+        ("main (/srv/app.py:9);Condition.wait (/usr/lib/python3.11/threading.py:327)", "idle"),
+        # a DataLoader's wait on its queue is the input pipeline, not idleness
+        (f"{_train(40)};{NEXT};Queue.get (/usr/lib/python3.11/queue.py:171)", "data_loading"),
         (f"{_train(40)};Images.__getitem__ (/job/data.py:12)", "data_loading"),
         (f"{_train(41)};{CALL};Net.forward (/job/model.py:20)", "forward"),
         (

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from stepscope.analyzers.steps.step_stats import summarize_steps
-from stepscope.optim_runner.stats import speedup_ci, timed_step_times
+from stepscope.optim_runner.speedup.stats import speedup_ci, timed_step_times
 
 
 def _step_times(rng: np.random.Generator, median_s: float, n: int) -> np.ndarray:

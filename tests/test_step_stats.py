@@ -15,7 +15,7 @@ from recordings import pause_40
 
 from stepscope.analyzers.rules.thresholds import INPUT_HIGH, INPUT_MIN
 from stepscope.analyzers.steps.step_stats import describe_wait_outliers, summarize_steps
-from stepscope.collectors.launcher import launch_run
+from stepscope.collectors.launch.launcher import launch_run
 from stepscope.store import RunStore
 
 JOBS = Path(__file__).resolve().parent / "jobs"

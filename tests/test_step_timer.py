@@ -273,33 +273,34 @@ def test_phases_after_the_switch_to_marks(tmp_path):
 def test_phase_stack_charges_the_innermost_phase_only(monkeypatch):
     """A fetch inside a forward is data wait, a closure's backward inside the optimizer
     step is backward, and a phase an exception left open is closed by its outer one."""
-    from stepscope.collectors import step_accounting as acc
-    from stepscope.collectors.step_timer import StepTimer
+    from stepscope.collectors.steps import step_accounting as acc
+    from stepscope.collectors.steps.step_timer import StepTimer
 
     clock = iter(range(100))
     monkeypatch.setattr(acc, "perf_counter", lambda: float(next(clock)))
     timer = StepTimer(lambda: None)
-    timer._phase_enter(acc.OPTIMIZER)  # t=0
-    timer._phase_enter(acc.FORWARD)  # t=1: optimizer 1
-    timer._phase_enter(acc.DATA)  # t=2: forward 1
-    timer._phase_exit(acc.DATA)  # t=3: data 1
-    timer._phase_exit(acc.FORWARD)  # t=4: forward 2
-    timer._phase_enter(acc.BACKWARD)  # t=5: optimizer 2
-    timer._phase_enter(acc.FORWARD)  # t=6: backward 1, never closed
-    timer._phase_exit(acc.BACKWARD)  # t=7: forward 3, backward closed with it
-    timer._phase_exit(acc.OPTIMIZER)  # t=8: optimizer 3
-    timer._phase_exit(acc.OPTIMIZER)  # not open: nothing
+    accounting = timer.accounting
+    accounting.phase_enter(acc.OPTIMIZER)  # t=0
+    accounting.phase_enter(acc.FORWARD)  # t=1: optimizer 1
+    accounting.phase_enter(acc.DATA)  # t=2: forward 1
+    accounting.phase_exit(acc.DATA)  # t=3: data 1
+    accounting.phase_exit(acc.FORWARD)  # t=4: forward 2
+    accounting.phase_enter(acc.BACKWARD)  # t=5: optimizer 2
+    accounting.phase_enter(acc.FORWARD)  # t=6: backward 1, never closed
+    accounting.phase_exit(acc.BACKWARD)  # t=7: forward 3, backward closed with it
+    accounting.phase_exit(acc.OPTIMIZER)  # t=8: optimizer 3
+    accounting.phase_exit(acc.OPTIMIZER)  # not open: nothing
     assert timer.data_wait == 1.0 and timer.phase_s == [3.0, 1.0, 3.0]
-    timer._phase_enter(acc.FORWARD)  # t=9
-    row = timer._take_row("forward", 0.0)  # t=10: a step ending inside a forward
+    accounting.phase_enter(acc.FORWARD)  # t=9
+    row = accounting.take_row("forward", 0.0)  # t=10: a step ending inside a forward
     assert (row["forward_s"], row["backward_s"], row["optimizer_s"]) == (4.0, 1.0, 3.0)
     assert row["data_wait_s"] == 1.0 and timer.phase_s == [0.0, 0.0, 0.0]
-    timer._phase_exit(acc.FORWARD)  # t=11: the rest is the next step's
+    accounting.phase_exit(acc.FORWARD)  # t=11: the rest is the next step's
     assert timer.phase_s == [1.0, 0.0, 0.0]
 
 
 def test_merged_rows_sum_their_phases():
-    from stepscope.collectors.step_row import merge_rows
+    from stepscope.collectors.steps.step_row import merge_rows
 
     def row(start, f, b, o):
         return {
@@ -313,3 +314,25 @@ def test_merged_rows_sum_their_phases():
     assert (merged["forward_s"], merged["backward_s"], merged["optimizer_s"]) == pytest.approx(
         (0.11, 0.22, 0.33)
     )
+
+
+@pytest.mark.parametrize(
+    "pattern, steps",
+    [("stages", 12), ("sidecar", 7), ("sidecar-first", 7)],
+)
+def test_optimizers_that_take_turns_by_phase_count_every_step(tmp_path, pattern, steps):
+    """A two-stage fine-tune (a new optimizer for stage 2) counts both stages' steps,
+    each with its own loss; an optimizer that steps now and then inside an iteration,
+    after or before the first one, starts nothing: one step per iteration."""
+    _, proc, df = _run(
+        tmp_path,
+        "optimizer_phases.py",
+        "--pattern",
+        pattern,
+        "--steps",
+        str(6 if pattern == "stages" else 7),
+    )
+    printed = [float(line.split()[1]) for line in proc.stdout.splitlines()]
+    assert list(df["step"]) == list(range(steps)) and len(printed) == steps
+    assert df["loss"].tolist() == pytest.approx(printed, abs=1e-6)
+    assert (df["start_s"].iloc[1:].values >= df["end_s"].iloc[:-1].values).all()

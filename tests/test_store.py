@@ -191,6 +191,8 @@ V4_LINES = ("forward_s", "backward_s", "optimizer_s", "phase ", "-- phases,", "-
 V5_LINES = ('"user"', "run_group", "-- shared key", "host    TEXT")
 # ... and version 7 (a step's worker, in the steps' primary key).
 V7_LINES = ("worker       INTEGER", "-- 0: the rank's own process", "-- (a hogwild worker")
+# ... and version 9 (a run's signature).
+V9_LINES = ("signature", "-- (app/trust.py)")
 
 
 def _v6_steps(ddl: str) -> str:
@@ -206,9 +208,9 @@ def _old_ddl(*added: str, upto: str | None = None) -> str:
     from stepscope.store.schema import DDL
 
     text = _v6_steps(DDL.split(upto)[0] if upto else DDL)
-    added = (*added, *V7_LINES)
+    added = (*added, *V7_LINES, *V9_LINES)
     kept = "\n".join(ln for ln in text.splitlines() if not ln.strip().startswith(added))
-    return re.sub(r",(\s*(?:--[^\n]*)?\n\))", r"\1", kept)
+    return re.sub(r",((?:\s*--[^\n]*)*\n\))", r"\1", kept)
 
 
 def test_version_1_store_is_migrated(tmp_path: Path) -> None:

@@ -20,9 +20,9 @@ from rich.console import Console
 from streamlit.testing.v1 import AppTest
 
 from stepscope.app.cli.sweep import render_sweep
-from stepscope.collectors.launcher import launch_run
-from stepscope.optim_runner.sweep import parse_factors
-from stepscope.optim_runner.sweep_figures import knee
+from stepscope.collectors.launch.launcher import launch_run
+from stepscope.optim_runner.sweeps.sweep import parse_factors
+from stepscope.optim_runner.sweeps.sweep_figures import knee
 from stepscope.store import RunStore
 
 JOBS = Path(__file__).resolve().parent / "jobs"
@@ -137,7 +137,7 @@ def _page(**params: str) -> AppTest:
     at = AppTest.from_file(str(ENTRY), default_timeout=120)
     at.run()
     at.query_params.update(params)
-    at.switch_page("views/optimize.py").run()
+    at.switch_page("views/optimize/page.py").run()
     assert not at.exception, [e.value for e in at.exception]
     return at
 

@@ -77,14 +77,19 @@ def home(team: dict, monkeypatch: pytest.MonkeyPatch, _isolated_store: Path) -> 
 
 
 # -- the rule --------------------------------------------------------------------------
-def test_refusal_names_who_recorded_it_where() -> None:
-    assert refusal({"user": this_user(), "host": this_host()}) is None
-    assert refusal({"user": None, "host": this_host()}) is None  # a store from before users
+def test_refusal_names_who_recorded_it_where(team: dict) -> None:
+    with RunStore(team["home"]) as store:
+        own = store.run(team["own"])
+    assert refusal(own) is None  # recorded here by this user, and signed by their key
     why = refusal(ALICE)
     assert why is not None
     assert why.startswith("recorded by alice on gpu-node-3: stepscope acts only on your own")
-    assert refusal({"user": this_user(), "host": "gpu-node-3"}) is not None
-    assert refusal({"user": "alice", "host": this_host()}) is not None
+    assert refusal({**own, "host": "gpu-node-3"}) is not None
+    assert refusal({**own, "user": "alice"}) is not None
+    # a row that says it is ours is not ours for saying so: the key signs, not the columns
+    assert refusal({"id": own["id"], "user": this_user(), "host": this_host()}) is not None
+    assert "not signed" in str(refusal({**own, "signature": None}))
+    assert refusal({**own, "user": None}) is not None  # a store from before users
 
 
 # -- the CLI ---------------------------------------------------------------------------
@@ -92,7 +97,7 @@ def test_cli_refuses_to_optimize_or_capture_someone_elses_run(team: dict) -> Non
     home, foreign = team["home"], team["foreign"]
     for verb, extra in (("optimize", ("--steps", "3", "--trials", "1")), ("capture", ())):
         proc = stepscope(home, verb, str(foreign), *extra, check=False, timeout=60)
-        assert proc.returncode == 1, proc.stderr
+        assert proc.returncode == 2, proc.stderr  # a refused action, for every command
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1, proc.stderr
         assert lines[0].startswith(f"stepscope: cannot {verb} run {foreign}: recorded by alice")

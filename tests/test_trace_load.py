@@ -352,3 +352,66 @@ def test_a_truncated_big_file_is_still_one_line(tmp_path: Path, small_pieces) ->
     with pytest.raises(TraceError) as err:
         load_trace(bad)
     assert "truncated JSON" in str(err.value) and "\n" not in str(err.value)
+
+
+# -- typed records (trace/typed_events.py) against the dict reading -----------------------------
+def _dict_reading(path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The trace read the dict way (orjson), as a trace the typed records do not fit is."""
+    from stepscope.analyzers.trace import load as load_module
+
+    with monkeypatch.context() as m:
+        m.setattr(load_module, "decode_document", lambda data: None)
+        m.setattr(pieces, "decode_events", lambda data: None)
+        return load_trace(path)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_typed_records_read_every_shared_trace_as_the_dicts_do(name, monkeypatch) -> None:
+    from stepscope.analyzers.trace.load import read_text
+    from stepscope.analyzers.trace.typed_events import decode_document
+
+    path = trace_path(name)
+    assert decode_document(read_text(path)) is not None  # the fast reading is the one used
+    _assert_same(load_trace(path), _dict_reading(path, monkeypatch))
+
+
+def test_typed_records_read_irregular_events_as_the_dicts_do(tmp_path: Path, monkeypatch) -> None:
+    """Null and missing args, missing fields, numbers as strings, a lower-case 'external
+    id', a non-string name, a memory instant without args: the same columns both ways."""
+    events = [
+        _x("aten::mm", "cpu_op", 10, 5, **{"External id": 7, "Input Dims": [[1, 2], [2, 3]]}),
+        {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": "7", "ts": 20},
+        {**_x("cudaLaunchKernel", "cuda_runtime", 21, 1), "args": None},
+        {**_x("aten::addmm", "cpu_op", "22.5", 1), "args": {"Sequence number": 3}},
+        _x("k", "kernel", 30, 4, correlation=9, **{"external id": 7, "stream": 7, "device": 0}),
+        _x(5, "cpu_op", 31, 1),
+        {
+            "ph": "X",
+            "cat": "Operator",
+            "name": "old",
+            "pid": "worker",
+            "tid": 2,
+            "ts": 32,
+            "dur": 1,
+        },
+        {"ph": "i", "name": "[memory]", "pid": 1, "tid": 1, "ts": 11, "args": {"Bytes": 64}},
+        {"ph": "i", "name": "[memory]", "pid": 1, "tid": 1, "ts": 12},
+        {"ph": "i", "name": "other instant", "pid": 1, "tid": 1, "ts": 13},
+        {"name": "no ph at all"},
+    ]
+    path = _write(tmp_path, "irregular.json", json.dumps(_kineto(events)).encode())
+    from stepscope.analyzers.trace.load import read_text
+    from stepscope.analyzers.trace.typed_events import decode_document
+
+    assert decode_document(read_text(path)) is not None
+    typed, dicts = load_trace(path), _dict_reading(path, monkeypatch)
+    _assert_same(typed, dicts)
+    ev = typed.events.set_index(typed.events["name"].astype(str))
+    assert ev.loc["k", ["correlation", "external_id", "stream", "device"]].tolist() == [9, 7, 7, 0]
+    assert typed.memory["bytes"].tolist() == [64, 0]
+
+
+def test_a_big_trace_in_typed_pieces_reads_as_the_dicts_do(small_pieces, monkeypatch) -> None:
+    path = trace_path("a100_nccl_3steps.json.gz")
+    _assert_same(load_trace(path), _dict_reading(path, monkeypatch))
+    assert len(small_pieces) > 5

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,3 +29,11 @@ def trace_path(name: str) -> Path:
     if not path.exists():
         pytest.fail(f"test input {name} is missing from {TRACES}", pytrace=False)
     return path
+
+
+def in_run_folder(store: Any, run_id: int, trace: Path) -> Path:
+    """A copy of ``trace`` in the run's folder, where a capture writes its file: the only
+    place (with the artifact location) a run's artifact rows may name (store/artifact_paths)."""
+    dest = store.run_dir(run_id) / trace.name
+    shutil.copyfile(trace, dest)
+    return dest

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from stepscope.app.design_text import PHASES
+
 
 def applied_changes(config: dict[str, Any] | None) -> list[dict[str, Any]]:
     """The run's applied entries, each with every key present; [] for a run that is
@@ -63,7 +65,7 @@ def trial_label(config: dict[str, Any] | None) -> str | None:
     return (
         f"experiment {cfg['experiment']}, arm {cfg.get('arm', '?')}"
         + ("" if trial is None else f", trial {int(trial) + 1}")
-        + (" (confirming)" if cfg.get("phase") == "confirm" else "")
+        + (f" ({PHASES[cfg['phase']]})" if cfg.get("phase") in PHASES else "")
     )
 
 

@@ -1,6 +1,6 @@
 """How an experiment's design reads in a report: rounds run, arms stopped, trials repeated.
 
-Plain text from the result's ``design`` and ``repeated`` (``optim_runner/design.py``,
+Plain text from the result's ``design`` and ``repeated`` (``optim_runner/experiment/design.py``,
 ``repeats.py``), for the CLI's report and any page that shows a result. A result stored
 before the adaptive design has neither: every function then says nothing (None, []).
 """
@@ -8,6 +8,13 @@ before the adaptive design has neither: every function then says nothing (None, 
 from __future__ import annotations
 
 from typing import Any
+
+# What a phase of its own is doing, for progress lines (the first round's "trials" and a
+# sweep's phases say nothing more than the arm and its trial).
+PHASES = {
+    "confirm": "confirming the kept fixes",
+    "leave_one_out": "leave-one-out from the fastest set",
+}
 
 
 def trials_phrase(result: dict[str, Any]) -> str:
@@ -51,6 +58,10 @@ def design_line(result: dict[str, Any]) -> str | None:
         text += f"; confirmation: {confirm['ended']}"
     elif confirm:
         text += f"; confirmation: {confirm.get('rounds')} of {confirm.get('max_rounds')} rounds"
+    loo = result.get("leave_one_out") or {}
+    if loo.get("steps"):
+        trials = sum(1 for step in loo["steps"] for r in step["removals"] if r.get("arm"))
+        text += f"; leave-one-out from {loo['from']}: {len(loo['steps'])} step(s), {trials} arms"
     return text
 
 
@@ -70,4 +81,11 @@ def repeat_line(result: dict[str, Any]) -> str | None:
     return text
 
 
-__all__ = ["design_line", "repeat_line", "stopped_lines", "stopped_status", "trials_phrase"]
+__all__ = [
+    "PHASES",
+    "design_line",
+    "repeat_line",
+    "stopped_lines",
+    "stopped_status",
+    "trials_phrase",
+]

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # only for the hint: the CLI imports this module and stays off numpy
-    from stepscope.optim_runner.speed import Speed
+    from stepscope.optim_runner.speedup.speed import Speed
 
 
 def missing(x: Any) -> bool:
@@ -21,11 +21,15 @@ def missing(x: Any) -> bool:
 
 
 def fmt_value(value: Any) -> str:
-    """A setting's value in words, never a Python repr: None is "—", a bool "yes"/"no"."""
+    """A setting's value in words, never a Python repr: None is "—", a bool "yes"/"no",
+    a count of 10,000 or more with its thousands grouped (a model's 124439808 parameters
+    could not be read at a glance)."""
     if missing(value):
         return "—"
     if isinstance(value, bool):
         return "yes" if value else "no"
+    if isinstance(value, int) and abs(value) >= 10_000:
+        return f"{value:,}"
     return str(value)
 
 
@@ -127,5 +131,5 @@ def guard_word(quality_ok: bool) -> str:
 
 def guarded(result: dict[str, Any]) -> str:
     """What an experiment's quality guard judged, in a word: a generation job's generated
-    tokens, an inference job's outputs, a training job's loss (``optim_runner/guard.py``)."""
+    tokens, an inference job's outputs, a training job's loss (``optim_runner/guards/guard.py``)."""
     return {"tokens": "tokens", "outputs": "outputs"}.get(result.get("guard") or "", "loss")

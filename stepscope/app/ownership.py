@@ -3,30 +3,34 @@
 A shared store (PostgreSQL, a team dashboard) holds runs other people recorded on other
 machines. Re-running a run's command (Apply and compare, `stepscope optimize`), asking
 its job for a capture (a control file in its folder, read by the job), or signalling its
-process are things stepscope does only for the user's own runs on this host: a
-recorded command is someone else's text, and a pid recorded on another host names an
-unrelated process here. Reading (figures, diagnosis) stays open to everyone.
+process are things stepscope does only for the user's own runs on this host, signed by
+the user's key: a recorded command is someone else's text, a pid recorded on another
+host names an unrelated process here, and a row's user and host columns are written by
+whoever writes the row. Reading (figures, diagnosis) stays open to everyone.
 
 The dashboard and the CLI both ask ``refusal`` and show its line as it is.
 """
 
 from __future__ import annotations
 
-import getpass
 import os
 import socket
 from collections.abc import Mapping
 from typing import Any
 
+from stepscope.store.identity import current_user
+from stepscope.store.signing import signature_refusal
+
 RULE = "stepscope acts only on your own runs on this host"
 
 
 def this_user() -> str:
-    """The user this process runs as (what a launcher records as the run's user)."""
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no passwd entry (some containers) and no $USER
-        return str(os.getuid()) if hasattr(os, "getuid") else "?"
+    """The user this process runs as (what a launcher records as the run's user), for
+    messages: uid N where there is no login name (some containers)."""
+    name = current_user()
+    if name is not None:
+        return name
+    return f"uid {os.getuid()}" if hasattr(os, "getuid") else "an unknown user"
 
 
 def this_host() -> str:
@@ -36,17 +40,19 @@ def this_host() -> str:
 def refusal(run: Mapping[str, Any]) -> str | None:
     """Why this process must not execute anything for ``run``; None when it may.
 
-    A run without a recorded user (stores from before schema 5 were local, one user's)
-    is judged by its host alone.
+    Two gates, in the order a reader understands them: the row says it is someone else's
+    (its ``user`` or ``host``), or it says it is ours but this user's key did not sign it
+    as it stands (``store/signing.py``): whoever can write the store can write a row's
+    user and host, never its signature.
     """
     user = _text(run.get("user"))
     host = _text(run.get("host"))
     me, here = this_user(), this_host()
-    if (user is None or user == me) and host == here:
-        return None
-    who = f"by {user} " if user is not None else ""
-    where = f"on {host}" if host is not None else "on an unknown host"
-    return f"recorded {who}{where}: {RULE} (you are {me} on {here})"
+    if user != current_user() or host != here:  # the very name the recorder wrote
+        who = f"by {user} " if user is not None else "by an unknown user "
+        where = f"on {host}" if host is not None else "on an unknown host"
+        return f"recorded {who}{where}: {RULE} (you are {me} on {here})"
+    return signature_refusal(run)
 
 
 def is_own(run: Mapping[str, Any]) -> bool:

@@ -1,1 +1,5 @@
-"""Collectors: the bootstrap and timers that run inside the job, and the samplers beside it."""
+"""Collectors: the bootstrap and timers that run inside the job, and the samplers beside it.
+
+By story: ``launch/`` (``stepscope run``), ``injob/`` (the bootstrap), ``steps/``,
+``capture/``, ``trials/``, ``samplers/``, ``attach/`` and ``facts/``.
+"""

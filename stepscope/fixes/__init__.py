@@ -1,12 +1,13 @@
 """The fixes: one module per optimisation, each holding everything about it.
 
-A fix module declares one ``Fix`` (``base.py``): what it addresses, what it requires,
-whether it changes numerics, how to tell it is in effect, its predicted gain and its
-sources, and the hooks through which the analyzers (``advise``), the plan
+A fix module (``catalog/<id>.py``) declares one ``Fix`` (``base.py``): what it addresses,
+what it requires, whether it changes numerics, how to tell it is in effect, its predicted
+gain and its sources, and the hooks through which the analyzers (``advise``), the plan
 (``choose_params``), the in-job installer (``install.py``) and the experiment
 (``took_effect``) use it. This module is the catalog: the list of those modules, in the
 order advice is given (most direct first, by area: input pipeline, inference, text
-generation, precision, compute, memory, distributed). Adding a fix is one new module, listed here, plus its test.
+generation, precision, compute, memory, distributed). Adding a fix is one new module in
+``catalog/``, listed here, plus its test.
 
 Typical gains are quoted only with their source, and only to jobs of the device and kind
 the source measured (``Fix.fit``, ``fitting.py``); where a fix cites none the prediction
@@ -16,7 +17,9 @@ from its phases' share (``Fix.phases``) where that is smaller.
 
 from __future__ import annotations
 
-from stepscope.fixes import (
+from stepscope.fixes.base import Fix, Typical
+from stepscope.fixes.catalog import (
+    activation_checkpointing,
     avoid_syncs,
     bf16_autocast,
     channels_last,
@@ -33,7 +36,6 @@ from stepscope.fixes import (
     fewer_param_tensors,
     fp16_grad_scaler,
     fused_optimizer,
-    gradient_checkpointing,
     inference_mode,
     int8_dynamic_quant,
     kv_cache,
@@ -50,7 +52,6 @@ from stepscope.fixes import (
     tf32,
     torch_compile,
 )
-from stepscope.fixes.base import Fix, Typical
 
 MODULES = (
     # input pipeline and host-to-device copies
@@ -85,7 +86,7 @@ MODULES = (
     avoid_syncs,
     # device memory capacity
     expandable_segments,
-    gradient_checkpointing,
+    activation_checkpointing,
     # collective communication
     ddp_bucket_cap,
     ddp_gradient_as_bucket_view,

@@ -1,6 +1,6 @@
 """A fix: everything stepscope knows about one optimisation, in one object.
 
-Each fix module (``fixes/<id>.py``) declares one ``Fix``: what it addresses in the
+Each fix module (``fixes/catalog/<id>.py``) declares one ``Fix``: what it addresses in the
 taxonomy, what it requires of the job, whether it changes numerics, how to tell it is
 already in effect, its predicted gain (``removes``, ``typical``), and the hooks the layers
 above call instead of switching on its id:

@@ -50,10 +50,12 @@ def fit_by_job(
     *,
     titles: Mapping[str, str] | None = None,
     whys: Mapping[str, str] | None = None,
+    device_snippets: Mapping[tuple[str | None, str], str] | None = None,
 ) -> FitHook:
     """A ``Fix.fit`` hook from tables: ``figures`` by (device, kind), ``snippets`` (and
     optional ``titles``, ``whys``) by kind, each falling back to the training entry (one
-    string: the same snippet for every kind).
+    string: the same snippet for every kind); ``device_snippets`` by (device, kind) come
+    first where a setting holds on one device only (CUDA graphs: never a CPU job's advice).
     Empty ``figures``: the fix cites none, and its bound is the share it removes."""
 
     by_kind = {TRAINING: snippets} if isinstance(snippets, str) else snippets
@@ -63,8 +65,9 @@ def fit_by_job(
         typical = figures.get((device, kind)) if device is not None else None
         # a fix that cites no figure anywhere keeps its own bound (the share it removes)
         missing = typical is None and bool(figures)
+        snippet = (device_snippets or {}).get((device, kind))
         return Fitting(
-            snippet=by_kind.get(kind) or by_kind[TRAINING],
+            snippet=snippet or by_kind.get(kind) or by_kind[TRAINING],
             typical=typical,
             no_figure=no_figure_reason(device, kind) if missing else None,
             title=(titles or {}).get(kind),

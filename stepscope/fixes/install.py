@@ -1,7 +1,7 @@
 """Apply a plan of fixes inside the job, with no change to the user's script.
 
 The bootstrap calls ``install_plan`` right after ``import torch`` when the launcher
-passed a plan (``STEPSCOPE_PLAN``, see ``collectors/contract.py``). Fixes take effect
+passed a plan (``STEPSCOPE_PLAN``, see ``collectors/launch/contract.py``). Fixes take effect
 where the job creates the objects they concern, by wrapping constructors the script
 calls anyway. The points are this module's; what happens at each is the fix's own hook
 (``Fix.on_loader``, ``on_model``, ``ddp_kwargs``/``after_ddp``, ``set_global``, ``patch``),
@@ -18,7 +18,8 @@ called for the plan's fixes in catalog order:
   parameters: a GAN's generator and discriminator both; or the first top-level module
   of an inference job): channels_last, bf16
   autocast around its forward only (backward runs outside, as the AMP recipe says),
-  torch.compile of its forward, and for inference jobs inference_mode and eval() (hooks
+  torch.compile of its forward (lazy: it traces at the first forward, after every model
+  fix), activation checkpointing of its repeated blocks, and for inference jobs inference_mode and eval() (hooks
   of the model's own) and dynamic int8 quantisation of its Linear/LSTM layers;
 * global settings (TF32, cudnn.benchmark, thread count) at import and again at the
   model's first call, in case the script set them in between;

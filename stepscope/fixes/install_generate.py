@@ -1,7 +1,7 @@
 """The installer's ``generate()`` point: the plan's generation fixes at every outer call.
 
 Hugging Face's ``GenerationMixin.generate`` is wrapped by the collectors
-(``collectors/generate_patch.py``, a layer above: the fixes may not import it); the
+(``collectors/injob/generate_patch.py``, a layer above: the fixes may not import it); the
 bootstrap hands this point's ``on_generate`` to that wrapper (``add_kwargs_hook``), which
 calls it with the model and the call's keyword arguments before each outer call. Each
 generation fix (``Fix.on_generate``) sees a ``GenerateCall`` (``points.py``) and says

@@ -66,12 +66,42 @@ def _inference(ctx: JobContext) -> bool | None:
     return None if ctx.training is None else not ctx.training
 
 
+# transformers models whose blocks are ``transformers.pytorch_utils.Conv1D``, not
+# nn.Linear (modeling_gpt2, modeling_openai, modeling_imagegpt, Decision Transformer's GPT-2):
+# their only nn.Linear is the output head, so int8 dynamic quantisation has nothing of
+# their blocks to act on (issue 39: offered to GPT-2 for its "Linear/LSTM" layers)
+CONV1D_MODELS = ("GPT2", "OpenAIGPT", "ImageGPT", "DecisionTransformer")
+
+
 def _quantizable(ctx: JobContext) -> bool | None:
-    """Layers dynamic int8 quantisation replaces (nn.Linear, nn.LSTM) in the model."""
+    """Layers dynamic int8 quantisation replaces (nn.Linear, nn.LSTM) in the model's
+    blocks: a model of Conv1D blocks (GPT-2) has none there, whatever its head is."""
     model = ctx.model
     if "quantizable" not in model:
         return None
+    if str(model.get("class") or "").startswith(CONV1D_MODELS):
+        return False
     return bool(set(model["quantizable"]) & {"Linear", "LSTM"})
+
+
+def _nccl(ctx: JobContext) -> bool | None:
+    """DDP over NCCL: bf16 gradient compression (``bf16_compress_hook``) is NCCL's; gloo
+    has no bf16 all-reduce. A job without CUDA has no NCCL either."""
+    ddp = ctx.model.get("ddp") if ctx.model else None
+    backend = (ddp or {}).get("backend")
+    if backend:
+        return str(backend).lower() == "nccl"
+    return False if ctx.cuda is False else None
+
+
+def _several_epochs(ctx: JobContext) -> bool | None:
+    """A DataLoader iterated more than once (``iterations``, where the job's loader facts
+    count the ``iter(loader)`` calls): persistent workers only save the start-up of a
+    second epoch. None where nothing counted them: it must be seen (``MUST_BE_SEEN``)."""
+    counts = [ld["iterations"] for ld in ctx.loaders or [] if ld.get("iterations") is not None]
+    if not counts:
+        return None
+    return max(int(n) for n in counts) > 1
 
 
 def _mode_dependent(ctx: JobContext) -> bool | None:
@@ -145,6 +175,8 @@ REQUIREMENTS: dict[str, Callable[[JobContext], bool | None]] = {
     ),
     "conv2d": lambda c: c.conv2d,
     "ddp": lambda c: c.ddp,
+    "nccl": _nccl,
+    "several_epochs": _several_epochs,
     "dataparallel": lambda c: c.dataparallel,
     "fusable_optimizer": _supports_fused,
     "multi_core": lambda c: None if c.cpu_count is None else c.cpu_count > 1,
@@ -170,4 +202,7 @@ REQUIREMENTS: dict[str, Callable[[JobContext], bool | None]] = {
 # the job: speculative decoding is tried only when the user names one (the plan's path).
 # Generic ones (CUDA, a DataLoader) may be unknown: the advice then says which
 # requirement it could not check.
-MUST_BE_SEEN = frozenset({"ddp", "dataparallel", "eager_attention", "draft_model"})
+# Several epochs likewise: persistent workers to a one-epoch job save nothing.
+MUST_BE_SEEN = frozenset(
+    {"ddp", "dataparallel", "eager_attention", "draft_model", "several_epochs"}
+)

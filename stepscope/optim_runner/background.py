@@ -13,30 +13,33 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import functools
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from stepscope.optim_runner import plan as planning
-from stepscope.optim_runner.adaptive import check_budget
-from stepscope.optim_runner.experiment import (
+from stepscope.optim_runner.experiment.experiment import (
     DEFAULT_STEPS,
     DEFAULT_TRIALS,
     ExperimentError,
+    ExperimentOptions,
     check_size,
     process_started_at,
     run_experiment,
 )
-from stepscope.optim_runner.output_guard import check_limits
-from stepscope.optim_runner.sweep import SWEEP_KIND, check_sweepable, run_sweep
-from stepscope.optim_runner.sweep_figures import FIX_ID
+from stepscope.optim_runner.sweeps.sweep import SWEEP_KIND, check_sweepable, run_sweep
+from stepscope.optim_runner.sweeps.sweep_figures import FIX_ID
+from stepscope.optim_runner.trials import plan as planning
+from stepscope.optim_runner.trials.trials import check_replayable
 from stepscope.store import RunStore
-from stepscope.store.liveness import signalable_pid
+from stepscope.store.liveness import EXPERIMENT_PROCESS, signalable_pid
 
 MODULE = "stepscope.optim_runner.background"
 
@@ -44,47 +47,27 @@ MODULE = "stepscope.optim_runner.background"
 def start_experiment(
     home: str | os.PathLike[str],
     baseline_run_id: int,
-    *,
-    fixes: list[str] | None = None,
-    steps: int = DEFAULT_STEPS,
-    trials: int = DEFAULT_TRIALS,
-    timeout_s: float | None = None,
-    allow_numerics: bool = False,
-    keep_explicit: bool = False,
-    output_tolerance: float | None = None,
-    min_agreement: float | None = None,
-    draft_model: str | None = None,
-    budget_min: float | None = None,
-    full: bool = False,
+    options: ExperimentOptions | None = None,
 ) -> int:
     """Start an experiment in a background process; returns its id at once.
 
     The fixes are chosen here, in the caller, so that a request with nothing to try
     (or an unknown fix id) fails as a ValueError rather than in a process nobody
     watches. Progress and result are read with ``RunStore.experiment(id)``; the
-    process's own output goes to ``<home>/experiments/<id>.log``.
+    process's own output goes to ``<home>/experiments/<id>.log``; it reads every option
+    from ``<home>/experiments/<id>.json`` (``ExperimentOptions.to_json``).
     """
-    check_size(steps, trials)
-    check_limits(output_tolerance, min_agreement)
-    check_budget(budget_min, full)
+    options = options or ExperimentOptions()
+    options.check()
     with RunStore(home) as store:
-        planned = planning.choose_fixes(store, baseline_run_id, fixes, allow_numerics, draft_model)
+        fixes = None if options.fixes is None else list(options.fixes)
+        planned = planning.choose_fixes(
+            store, baseline_run_id, fixes, options.allow_numerics, options.draft_model
+        )
         if not planned:
             raise ValueError(f"no automatic fix is recommended for run {baseline_run_id}")
-        config = {
-            "fixes": [f.id for f in planned],
-            "steps": steps,
-            "trials": trials,
-            "timeout_s": timeout_s,
-            "allow_numerics": allow_numerics,
-            "keep_explicit": keep_explicit,
-            "output_tolerance": output_tolerance,  # the output guard's (inference jobs)
-            "min_agreement": min_agreement,
-            "draft_model": draft_model,
-            "budget_min": budget_min,  # None: the default (adaptive.py)
-            "full": full,
-        }
-        return _spawn(store, baseline_run_id, config)
+        chosen = dataclasses.replace(options, fixes=tuple(f.id for f in planned))
+        return _spawn(store, baseline_run_id, chosen.to_json())
 
 
 def start_sweep(
@@ -117,10 +100,16 @@ def _spawn(store: RunStore, baseline_run_id: int, config: dict[str, Any]) -> int
     """Create the experiment's row and start ``main`` on it in a session of its own (it
     outlives the dashboard's request, not its signals); its output goes to
     ``<home>/experiments/<id>.log``."""
+    check_replayable(store.run(baseline_run_id))  # before a row or a process exists
     experiment_id = store.create_experiment(baseline_run_id, config)
     store.update_experiment(experiment_id, progress={"event": "starting", "done": 0})
     log_dir = store.home / "experiments"
     log_dir.mkdir(parents=True, exist_ok=True)
+    # The process reads what to run from this local file, never from the row: a shared
+    # store's row could be rewritten (a draft model's path, the fixes) before it reads it.
+    (log_dir / f"{experiment_id}.json").write_text(
+        json.dumps({"baseline_run_id": baseline_run_id, "config": config})
+    )
     cmd = [sys.executable, "-m", MODULE, "--home", str(store.home)]
     cmd += ["--experiment", str(experiment_id)]
     package_root = str(Path(__file__).resolve().parents[2])
@@ -144,7 +133,7 @@ def _spawn(store: RunStore, baseline_run_id: int, config: dict[str, Any]) -> int
 def cancel_experiment(store: Any, experiment_id: int) -> bool:
     """Ask a running experiment to stop (SIGTERM); its running trial is ended as well."""
     row = store.experiment(experiment_id)
-    pid = signalable_pid(row) if row["status"] == "running" else None
+    pid = signalable_pid(row, EXPERIMENT_PROCESS) if row["status"] == "running" else None
     if pid is None:  # ended, or not a process of this host (a shared store)
         return False
     try:
@@ -152,6 +141,15 @@ def cancel_experiment(store: Any, experiment_id: int) -> bool:
     except (ProcessLookupError, PermissionError):
         return False
     return True
+
+
+def _spawned(home: Path, experiment_id: int) -> dict[str, Any]:
+    """What ``_spawn`` asked this process to run (its local file, not the store's row)."""
+    path = Path(home) / "experiments" / f"{int(experiment_id)}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"experiment {experiment_id}: no request from this home ({exc})") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,12 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--baseline", help="baseline run (id, name or 'last')")
     which.add_argument("--experiment", type=int, help="an experiment created beforehand")
-    parser.add_argument("--fixes", help="comma-separated fix ids (default: recommended)")
-    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS)
-    parser.add_argument("--trials", type=int, default=DEFAULT_TRIALS)
-    parser.add_argument("--timeout", type=float)
-    parser.add_argument("--allow-numerics", action="store_true")
-    parser.add_argument("--keep-explicit", action="store_true")
+    ExperimentOptions.add_arguments(parser)  # as `stepscope optimize` has them
     args = parser.parse_args(argv)
 
     def stop(signum: int, frame: Any) -> None:
@@ -175,60 +168,61 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     with RunStore(args.home) as store:
-        run: Any = run_experiment
         if args.experiment is not None:
-            row = store.experiment(args.experiment)
+            try:
+                row = _spawned(store.home, args.experiment)
+            except ValueError as exc:
+                print(f"stepscope: {exc}", file=sys.stderr)
+                return 1
             cfg = row["config"]
-            options = {
-                "baseline_run_id": int(row["baseline_run_id"]),
-                "fixes": cfg.get("fixes"),
-                "steps": int(cfg.get("steps") or DEFAULT_STEPS),
-                "trials": int(cfg.get("trials") or DEFAULT_TRIALS),
-                "timeout_s": cfg.get("timeout_s"),
-                "allow_numerics": bool(cfg.get("allow_numerics")),
-                "keep_explicit": bool(cfg.get("keep_explicit")),
-                "output_tolerance": cfg.get("output_tolerance"),
-                "min_agreement": cfg.get("min_agreement"),
-                "draft_model": cfg.get("draft_model"),
-                "budget_min": cfg.get("budget_min"),
-                "full": bool(cfg.get("full")),
-                "experiment_id": args.experiment,
-            }
+            base_id = int(row["baseline_run_id"])
             if cfg.get("kind") == SWEEP_KIND:
-                run = run_sweep
-                options = {
-                    "baseline_run_id": int(row["baseline_run_id"]),
-                    "factors": cfg.get("factors"),
-                    "steps": int(cfg.get("steps") or DEFAULT_STEPS),
-                    "trials": int(cfg.get("trials") or DEFAULT_TRIALS),
-                    "timeout_s": cfg.get("timeout_s"),
-                    "experiment_id": args.experiment,
-                }
+                run: Callable[[], dict[str, Any]] = functools.partial(
+                    run_sweep,
+                    store,
+                    base_id,
+                    factors=cfg.get("factors"),
+                    steps=int(cfg.get("steps") or DEFAULT_STEPS),
+                    trials=int(cfg.get("trials") or DEFAULT_TRIALS),
+                    timeout_s=cfg.get("timeout_s"),
+                    experiment_id=args.experiment,
+                )
+            else:
+                try:
+                    options = ExperimentOptions.from_json(cfg)
+                except (TypeError, ValueError) as exc:
+                    return _refused(store, args.experiment, f"experiment {args.experiment}: {exc}")
+                run = functools.partial(
+                    run_experiment, store, base_id, options, experiment_id=args.experiment
+                )
         else:
-            options = {
-                "baseline_run_id": store.resolve_run(args.baseline),
-                "fixes": args.fixes.split(",") if args.fixes else None,
-                "steps": args.steps,
-                "trials": args.trials,
-                "timeout_s": args.timeout,
-                "allow_numerics": args.allow_numerics,
-                "keep_explicit": args.keep_explicit,
-            }
+            run = functools.partial(
+                run_experiment,
+                store,
+                store.resolve_run(args.baseline),
+                ExperimentOptions.from_args(args),
+            )
         try:
-            result = run(store, **options)
+            result = run()
         except KeyboardInterrupt:
             return 130
         except (ValueError, ExperimentError) as exc:
-            if args.experiment is not None:  # failed before run_experiment could say so
-                with contextlib.suppress(Exception):
-                    if store.experiment(args.experiment)["status"] == "running":
-                        store.update_experiment(
-                            args.experiment, status="failed", error=str(exc), ended_at=time.time()
-                        )
-            print(f"stepscope: {exc}", file=sys.stderr)
-            return 1
+            return _refused(store, args.experiment, str(exc))
     print(json.dumps(result, indent=1))
     return 0
+
+
+def _refused(store: RunStore, experiment_id: int | None, why: str) -> int:
+    """Exit 1 with ``why`` on stderr; a row still running (the process failed before
+    ``run_experiment`` could say so) is marked failed with it."""
+    if experiment_id is not None:
+        with contextlib.suppress(Exception):
+            if store.experiment(experiment_id)["status"] == "running":
+                store.update_experiment(
+                    experiment_id, status="failed", error=why, ended_at=time.time()
+                )
+    print(f"stepscope: {why}", file=sys.stderr)
+    return 1
 
 
 __all__ = ["cancel_experiment", "main", "start_experiment", "start_sweep"]

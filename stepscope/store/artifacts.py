@@ -32,6 +32,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from stepscope.store.artifact_paths import ArtifactError, allowed_file, allowed_object
+from stepscope.store.bounded_read import max_json_bytes, too_large
+from stepscope.store.url import redacted
+
 ARTIFACTS_ENV = "STEPSCOPE_ARTIFACTS"
 CACHE_DIR = ("cache", "artifacts")
 # Bounded so that an unreachable endpoint costs seconds, not minutes, at a job's end.
@@ -40,14 +44,6 @@ S3_CONFIG = {
     "read_timeout": 60,
     "retries": {"max_attempts": 3, "mode": "standard"},
 }
-
-
-class ArtifactError(OSError):
-    """An artifact cannot be stored or read back; the message is one line naming it.
-
-    An OSError, so that readers which already say "this file cannot be read" in one line
-    (the dashboard's user errors) say it for an unreachable object too.
-    """
 
 
 @dataclass(frozen=True)
@@ -140,24 +136,35 @@ def local_copy(
     uri_or_path: str | os.PathLike[str],
     home: str | os.PathLike[str],
     local_path: str | os.PathLike[str] | None = None,
+    *,
+    run_id: int,
 ) -> Path:
-    """A local file holding the artifact: ``local_path`` if that file still exists, a
-    plain path as it is (its reader says if it is gone), an ``s3://`` object from the
-    cache under ``<home>/cache/artifacts/``, downloaded first if it is not there yet.
+    """A local file holding run ``run_id``'s artifact: ``local_path`` if that file still
+    exists, a plain path as it is (its reader says if it is gone), an ``s3://`` object
+    from the cache under ``<home>/cache/artifacts/``, downloaded first if it is not there
+    yet. Only where stepscope writes that run's files (``artifact_paths.py``): a row
+    naming any other file or object is refused in one line, never read.
 
     A download goes to a temporary name and is renamed into place when complete, so a
     killed download never leaves a half file that looks complete. Raises ArtifactError.
     """
-    if local_path and Path(local_path).is_file():
-        return Path(local_path)
+    if local_path:
+        with contextlib.suppress(ArtifactError):
+            local = allowed_file(local_path, run_id, home, artifact_location())
+            if local.is_file():
+                return local
     text = str(uri_or_path)
     if not text.startswith("s3://"):
-        return Path(text).expanduser()
+        return allowed_file(text, run_id, home, artifact_location())
+    allowed_object(text, run_id, artifact_location())
     target = cache_path(text, home)
     if target.is_file():
         return target
     try:
         fs = s3_filesystem()
+        size = int(fs.info(text).get("size") or 0)
+        if size > max_json_bytes():  # not fetched at all: the readers would refuse it
+            raise ArtifactError(str(too_large(text, size, max_json_bytes(), so_far=False)))
         target.parent.mkdir(parents=True, exist_ok=True)
         _atomic_copy(lambda tmp: fs.get_file(text, str(tmp)), target)
     except ArtifactError:
@@ -186,8 +193,9 @@ def artifact_files(
     for row in rows:
         path = row["path"] if isinstance(row, dict) else row.path
         meta = (row.get("meta") if isinstance(row, dict) else getattr(row, "meta", None)) or {}
+        run_id = int(row["run_id"] if isinstance(row, dict) else row.run_id)
         try:
-            files.append(local_copy(path, home, meta.get("local_path")))
+            files.append(local_copy(path, home, meta.get("local_path"), run_id=run_id))
         except ArtifactError as exc:
             problems.append(str(exc))
     return files, problems
@@ -256,7 +264,7 @@ def s3_error(uri: str, exc: BaseException) -> ArtifactError:
     if names & {"NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"}:
         why = "no credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)"
     elif names & {"EndpointConnectionError", "ConnectTimeoutError", "ConnectionError"}:
-        why = f"endpoint unreachable ({endpoint})"
+        why = f"endpoint unreachable ({redacted(endpoint)})"  # a key in its URL never shows
     elif isinstance(exc, FileNotFoundError) and "bucket" in text.lower():
         why = "bucket missing"
     elif isinstance(exc, FileNotFoundError):

@@ -1,6 +1,6 @@
 """The host's measured peak (``Calibration``) and its cache, ``<home>/calibration.json``.
 
-Why here, in the store: the collectors measure the host (``collectors/calibrate.py``)
+Why here, in the store: the collectors measure the host (``collectors/facts/calibrate.py``)
 and the analyzers compare a job's achieved FLOP/s and bytes/s with the measured peak;
 the analyzers may not import the collectors (the layers), so the record and the cache
 reader sit below both. No torch here: reading the cache must stay cheap.
@@ -9,6 +9,10 @@ The cache is one JSON file per stepscope home, keyed by host, dtype and thread c
 a matmul's FLOP/s on a CPU depends on all three (BLAS threads, AVX-512/AMX paths per
 dtype), and a home may be shared by several hosts (an NFS home directory). Each entry
 keeps its date and conditions, so every ratio computed from it can show them.
+
+The same file keeps each host's run-to-run spread (``NoiseCalibration``, measured by
+``stepscope calibrate --noise``: whole runs of one fixed job), under the key
+``<host>|noise``; ``stepscope check`` widens a one-run side's interval by it.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import json
 import os
 import socket
 import tempfile
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +75,48 @@ class Calibration:
         """Build from a cache entry, ignoring keys a newer stepscope may have added."""
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass(frozen=True)
+class NoiseCalibration:
+    """This host's run-to-run spread: how much one figure of one unchanged job differs
+    between whole runs (processes), as the standard deviation of its log over the runs
+    (about its coefficient of variation; 0.05: runs differ by about 5 %)."""
+
+    cv: dict[str, float]  # per statistic of a run: "median", "mean", "p99" step time
+    runs: int  # whole runs measured (the spread has runs - 1 degrees of freedom)
+    steps: int  # steps per run
+    step_s: float  # the job's median step, seconds
+    threads: int  # torch threads of the job
+    host: str
+    cpu_model: str
+    torch_version: str
+    date: str  # ISO 8601, local time with offset
+    load: tuple[float, float]  # 1-minute load average before and after
+    seconds: float  # wall time of the whole measurement
+    kind: str = "noise"
+
+    def conditions(self) -> str:
+        """The words a widened interval shows its source with."""
+        return (
+            f"stepscope calibrate --noise, {self.date[:16].replace('T', ' ')} on {self.host}: "
+            f"{self.runs} runs of {self.steps} {self.step_s * 1e3:.1f} ms steps, "
+            f"{self.threads} thread{'s' if self.threads != 1 else ''}, load "
+            f"{self.load[0]:.1f}-{self.load[1]:.1f}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> NoiseCalibration:
+        known = {f.name for f in fields(cls)}
+        out = cls(**{k: v for k, v in data.items() if k in known})
+        return replace(out, load=tuple(out.load), cv=dict(out.cv))  # type: ignore[arg-type]
+
+
+def noise_key(host: str) -> str:
+    return f"{host}|noise"
 
 
 def host_name() -> str:
@@ -130,13 +176,27 @@ def cached_calibration(
     return None
 
 
-def save_calibration(home: str | os.PathLike[str], cal: Calibration) -> Path:
+def cached_noise(home: str | os.PathLike[str], host: str | None = None) -> NoiseCalibration | None:
+    """The host's cached run-to-run spread (``host=None``: this host), or None."""
+    entry = _read_entries(calibration_path(home)).get(noise_key(host or host_name()))
+    if not isinstance(entry, dict):
+        return None
+    try:
+        return NoiseCalibration.from_dict(entry)
+    except (TypeError, ValueError):  # an entry missing a field: treat it as absent
+        return None
+
+
+def save_calibration(home: str | os.PathLike[str], cal: Calibration | NoiseCalibration) -> Path:
     """Add or replace this measurement's entry; the file is replaced atomically, so a
     reader never sees half a file. Returns the cache's path."""
     path = calibration_path(home)
     path.parent.mkdir(parents=True, exist_ok=True)
     entries = _read_entries(path)
-    entries[cache_key(cal.host, cal.dtype, cal.threads)] = cal.to_dict()
+    if isinstance(cal, NoiseCalibration):
+        entries[noise_key(cal.host)] = cal.to_dict()
+    else:
+        entries[cache_key(cal.host, cal.dtype, cal.threads)] = cal.to_dict()
     doc = {"version": CACHE_VERSION, "entries": entries}
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".calibration-", suffix=".json")
     try:
@@ -152,9 +212,12 @@ def save_calibration(home: str | os.PathLike[str], cal: Calibration) -> Path:
 __all__ = [
     "CACHE_FILE",
     "Calibration",
+    "NoiseCalibration",
     "cache_key",
     "cached_calibration",
+    "cached_noise",
     "calibration_path",
     "host_name",
+    "noise_key",
     "save_calibration",
 ]

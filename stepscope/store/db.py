@@ -85,6 +85,9 @@ class Db:
                 connect_args={"connect_timeout": CONNECT_TIMEOUT_S},
                 pool_size=2,
                 max_overflow=8,
+                # a pooled connection the server dropped (a restart, a proxy's cut) is
+                # replaced before use, instead of failing the next call once
+                pool_pre_ping=True,
             )
 
     def close(self) -> None:
@@ -99,7 +102,7 @@ class Db:
             with self.engine.connect() as conn:
                 yield conn
         except (OperationalError, InterfaceError) as exc:
-            raise StoreError(f"{self.url.display}: {error_text(exc)}") from exc
+            raise StoreError(f"{self.url.display}: {self.url.hide(error_text(exc))}") from exc
 
     @contextmanager
     def begin(self) -> Iterator[sa.Connection]:
@@ -115,24 +118,40 @@ class Db:
             with self.engine.begin() as conn:
                 yield conn
         except (OperationalError, InterfaceError) as exc:
-            raise StoreError(f"{self.url.display}: {error_text(exc)}") from exc
+            raise StoreError(f"{self.url.display}: {self.url.hide(error_text(exc))}") from exc
 
-    def execute(self, sql: str, params: Params = None) -> Buffered:
+    @contextmanager
+    def within(self, conn: sa.Connection | None) -> Iterator[sa.Connection]:
+        """``conn``, a transaction the caller holds open (``RunStore.transaction``: the
+        writer's flush commits all its rows at once, or none), else one of its own."""
+        if conn is not None:
+            yield conn
+            return
+        with self.begin() as own:
+            yield own
+
+    def execute(
+        self, sql: str, params: Params = None, *, conn: sa.Connection | None = None
+    ) -> Buffered:
         """Run one statement (a list of parameter dicts: executemany) in its own
-        transaction; the result is buffered, readable after the connection went back."""
-        with self.begin() as conn:
-            result = q(conn, sql, params)
+        transaction, or in ``conn``'s; the result is buffered, readable after the
+        connection went back."""
+        with self.within(conn) as c:
+            result = q(c, sql, params)
             rows = result.all() if result.returns_rows else []
             return Buffered(rows, result.rowcount)
 
-    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        """Insert many rows of positional values (``?`` placeholders) in one transaction,
-        straight to the driver: the hot path of the writer (steps, samples), where
-        SQLAlchemy's per-row handling of named parameters would triple the cost."""
+    def executemany(
+        self, sql: str, rows: Sequence[Sequence[Any]], *, conn: sa.Connection | None = None
+    ) -> None:
+        """Insert many rows of positional values (``?`` placeholders) in one transaction
+        (or ``conn``'s), straight to the driver: the hot path of the writer (steps,
+        samples), where SQLAlchemy's per-row handling of named parameters would triple
+        the cost."""
         if self.backend != "sqlite":
             sql = sql.replace("?", "%s")  # psycopg's placeholder (no literal % in our SQL)
-        with self.begin() as conn:
-            conn.exec_driver_sql(sql, list(rows))
+        with self.within(conn) as c:
+            c.exec_driver_sql(sql, list(rows))
 
     def rows(self, sql: str, **params: Any) -> list[dict[str, Any]]:
         with self.connect() as conn:

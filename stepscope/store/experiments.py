@@ -1,4 +1,4 @@
-"""The experiments table (``optim_runner.experiment``): progress of a search over fixes.
+"""The experiments table (``optim_runner.experiment.experiment``): progress of a search over fixes.
 
 An experiment outlives no single run: its process launches many. It is written by
 that process only and polled by the dashboard, so progress goes through here.

@@ -8,6 +8,7 @@ row written by another host is never judged from here.
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from typing import TYPE_CHECKING, Any
@@ -63,20 +64,41 @@ def lost_runs(db: Db) -> list[int]:
     return lost
 
 
-def signalable_pid(row: dict[str, Any]) -> int | None:
-    """The pid of a row's process (a run's launcher, an experiment) when it runs on this
-    host and is still the process the row recorded; else None.
+# How stepscope starts the processes it may signal: an argument of their command line.
+EXPERIMENT_PROCESS = ("stepscope.optim_runner.background", "optimize", "demo")
+ATTACH_PROCESS = ("attach",)
 
-    A pid read from a shared store may belong to another host, or have been reused here
-    by an unrelated process: signalling it then would hit the wrong process.
+
+def signalable_pid(row: dict[str, Any], started_as: tuple[str, ...]) -> int | None:
+    """The pid of a row's process (an experiment, an attach) when it is, by everything
+    the row recorded, the process stepscope started; else None.
+
+    A row of a shared store is anyone's to write, and a pid is reused: the process must
+    run on this host as this user, have been created when the row says (a row without
+    that time is never signalled), and be a stepscope command started as ``started_as``
+    says (one of those words an argument of its command line).
     """
     # local: as in _dead_here
     import psutil
 
-    pid = row.get("pid")
-    if pid is None or row.get("host") != socket.gethostname():
+    pid, created = row.get("pid"), row.get("pid_started_at")
+    if pid is None or created is None or created != created:  # NULL; NaN from pandas
         return None
-    return int(pid) if _process_alive(int(pid), row.get("pid_started_at"), psutil) else None
+    if row.get("host") != socket.gethostname():
+        return None
+    try:
+        proc = psutil.Process(int(pid))
+        if abs(proc.create_time() - float(created)) > 1.0:
+            return None  # the pid was reused by another process
+        if hasattr(os, "getuid") and proc.uids().real != os.getuid():
+            return None
+        args = proc.cmdline()
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+    except (psutil.Error, OSError, ValueError):
+        return None
+    ours = any("stepscope" in a for a in args) and any(a in started_as for a in args)
+    return int(pid) if ours else None
 
 
 def _dead_here(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

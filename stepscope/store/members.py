@@ -16,10 +16,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from stepscope.store.db import q
-from stepscope.store.runs import current_user, lock_run
+from stepscope.store.identity import current_user
+from stepscope.store.runs import lock_run
 
 if TYPE_CHECKING:
     import pandas as pd
+    from sqlalchemy import Connection
 
     from stepscope.store.db import Db
 
@@ -143,13 +145,23 @@ class MembersTable:
         """The run's launchers, in the order they joined."""
         return self._db.frame("SELECT * FROM run_members WHERE run_id=:r ORDER BY id", r=run_id)
 
-    def register_rank(self, run_id: int, rank: int, host: str, pid: int | None) -> None:
-        """Record (or replace: a restarted rank) which process on which host is ``rank``."""
+    def register_rank(
+        self,
+        run_id: int,
+        rank: int,
+        host: str,
+        pid: int | None,
+        *,
+        conn: Connection | None = None,
+    ) -> None:
+        """Record (or replace: a restarted rank) which process on which host is ``rank``;
+        ``conn``: a transaction already open that the row joins."""
         self._db.execute(
             "INSERT INTO run_ranks(run_id, rank, host, pid, started_at)"
             " VALUES (:r, :rank, :host, :pid, :t) ON CONFLICT(run_id, rank) DO UPDATE"
             " SET host=excluded.host, pid=excluded.pid, started_at=excluded.started_at",
             {"r": run_id, "rank": rank, "host": host, "pid": pid, "t": time.time()},
+            conn=conn,
         )
 
     def ranks(self, run_id: int) -> pd.DataFrame:

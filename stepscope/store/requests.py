@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import pandas as pd
+    from sqlalchemy import Connection
 
     from stepscope.store.db import Db
 
@@ -36,8 +37,11 @@ class RequestsTable:
 
     _db: Db
 
-    def add_requests(self, run_id: int, rows: Iterable[dict[str, Any]]) -> None:
-        """Insert or replace request rows (keyed by rank and request index)."""
+    def add_requests(
+        self, run_id: int, rows: Iterable[dict[str, Any]], *, conn: Connection | None = None
+    ) -> None:
+        """Insert or replace request rows (keyed by rank and request index); ``conn``: a
+        transaction already open that they join."""
         data = []
         for r in rows:
             values = []
@@ -52,7 +56,7 @@ class RequestsTable:
                     values.append(r.get(column, 0 if column == "rank" else None))
             data.append(tuple(values))
         if data:
-            self._db.executemany(_UPSERT, data)
+            self._db.executemany(_UPSERT, data, conn=conn)
 
     def requests(self, run_id: int) -> pd.DataFrame:
         """The run's requests in order (``tokens`` and ``meta`` decoded from JSON)."""

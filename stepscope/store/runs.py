@@ -6,7 +6,6 @@ A part of ``RunStore`` (see ``store.py``): the methods here use the store's data
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
 import socket
@@ -16,8 +15,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stepscope.store.db import q
+from stepscope.store.identity import current_user
 from stepscope.store.liveness import lost_runs
+from stepscope.store.signing import sign, signed_values
 from stepscope.store.tags import tagged_run
+from stepscope.store.url import redacted
+from stepscope.store.user_key import KeyFileError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -26,6 +29,11 @@ if TYPE_CHECKING:
     from stepscope.store.db import Db
 
 _JSON_COLUMNS = ("command", "env", "device", "config", "facts")
+#: the columns of ``run_list``: what the runs list and the pickers read
+LIST_COLUMNS = (
+    "id", "name", "command", "status", "exit_code", "error", "stop_reason", "started_at",
+    "ended_at", "host", "user", "parent_run_id",
+)  # fmt: skip
 
 
 class RunNotFound(LookupError):
@@ -66,36 +74,49 @@ class RunsTable:
         ``join_or_create_run``); at most one running run per group can exist.
         """
         cmd = list(command)
+        row = {
+            "name": name or _default_name(cmd),
+            "command": cmd,
+            "cwd": cwd or os.getcwd(),
+            "status": status,
+            "started_at": time.time(),
+            "host": socket.gethostname(),
+            "pid": pid,
+            "pid_started_at": pid_started_at,
+            "max_steps": max_steps,
+            "env": env or {},
+            "config": config or {},
+            "parent_run_id": parent_run_id,
+            "user": current_user(),
+            "run_group": run_group,
+        }
+        unsigned: str | None = None
         with self._db.begin() as conn:
-            run_id = q(
-                conn,
-                "INSERT INTO runs(name, command, cwd, status, started_at, host, pid,"
-                ' pid_started_at, max_steps, env, config, parent_run_id, "user", run_group)'
-                " VALUES (:name, :command, :cwd, :status, :started_at, :host, :pid,"
-                " :pid_started_at, :max_steps, :env, :config, :parent_run_id, :user,"
-                " :run_group) RETURNING id",
-                {
-                    "name": name or _default_name(cmd),
-                    "command": json.dumps(cmd),
-                    "cwd": cwd or os.getcwd(),
-                    "status": status,
-                    "started_at": time.time(),
-                    "host": socket.gethostname(),
-                    "pid": pid,
-                    "pid_started_at": pid_started_at,
-                    "max_steps": max_steps,
-                    "env": json.dumps(env or {}),
-                    "config": json.dumps(config or {}),
-                    "parent_run_id": parent_run_id,
-                    "user": current_user(),
-                    "run_group": run_group,
-                },
-            ).scalar_one()
-        self.run_dir(int(run_id))
-        return int(run_id)
+            run_id = int(
+                q(
+                    conn,
+                    "INSERT INTO runs(name, command, cwd, status, started_at, host, pid,"
+                    ' pid_started_at, max_steps, env, config, parent_run_id, "user", run_group)'
+                    " VALUES (:name, :command, :cwd, :status, :started_at, :host, :pid,"
+                    " :pid_started_at, :max_steps, :env, :config, :parent_run_id, :user,"
+                    " :run_group) RETURNING id",
+                    {k: json.dumps(v) if k in _JSON_COLUMNS else v for k, v in row.items()},
+                ).scalar_one()
+            )
+            try:  # in the same transaction: no reader ever sees the row unsigned
+                signature = sign(run_id, signed_values({**row, "id": run_id}))
+            except KeyFileError as exc:
+                unsigned = str(exc)
+            else:
+                q(conn, "UPDATE runs SET signature=:s WHERE id=:id", {"s": signature, "id": run_id})
+        if unsigned is not None:  # recorded all the same: only its replay is refused
+            self.log_event(run_id, "warning", "store", f"run not signed: {unsigned}")
+        self.run_dir(run_id)
+        return run_id
 
-    def update_run(self, run_id: int, **fields: Any) -> None:
-        """Set columns of a run; JSON columns accept dicts/lists."""
+    def update_run(self, run_id: int, *, conn: Connection | None = None, **fields: Any) -> None:
+        """Set columns of a run; JSON columns accept dicts/lists. ``conn``: a transaction
+        already open that the change joins (the writer's flush)."""
         if not fields:
             return
         cols, vals = [], {"id": run_id}
@@ -104,11 +125,17 @@ class RunsTable:
                 value = json.dumps(value)
             cols.append(f'"{key}"=:v{i}')
             vals[f"v{i}"] = value
-        with self._db.begin() as conn:
-            q(conn, f"UPDATE runs SET {', '.join(cols)} WHERE id=:id", vals)
+        with self._db.within(conn) as c:
+            q(c, f"UPDATE runs SET {', '.join(cols)} WHERE id=:id", vals)
 
     def merge_run_json(
-        self, run_id: int, column: str, values: dict[str, Any], appended: Sequence[str] = ()
+        self,
+        run_id: int,
+        column: str,
+        values: dict[str, Any],
+        appended: Sequence[str] = (),
+        *,
+        conn: Connection | None = None,
     ) -> None:
         """Merge keys into a JSON column (each rank adds what it learned about its device).
 
@@ -118,7 +145,7 @@ class RunsTable:
         """
         if column not in _JSON_COLUMNS:
             raise ValueError(f"{column} is not a JSON column")
-        with self._db.begin() as conn:
+        with self._db.within(conn) as conn:
             lock_run(conn, run_id)  # ranks merge at once: read and write under one lock
             text = q(conn, f"SELECT {column} FROM runs WHERE id=:id", {"id": run_id}).scalar()
             current = json.loads(text) if text else {}
@@ -187,6 +214,19 @@ class RunsTable:
         )
         return _decode_json(df)
 
+    def run_list(self, *extra: str) -> pd.DataFrame:
+        """All runs, newest first, with their step counts and the columns a list of runs
+        reads (``LIST_COLUMNS``, and the columns ``extra`` names): ``runs()`` without the
+        JSON of each run's environment, device, facts and config, whose decoding was most
+        of its time on a store of 10,000 runs."""
+        self.reconcile()
+        columns = ", ".join(f'r."{c}"' for c in (*LIST_COLUMNS, *extra))
+        df = self._db.frame(
+            f"SELECT {columns}, (SELECT COUNT(*) FROM steps s WHERE s.run_id=r.id) AS steps"
+            " FROM runs r ORDER BY r.id DESC"
+        )
+        return _decode_json(df)
+
     def run(self, run_id: int) -> dict[str, Any]:
         self.reconcile()
         out = self._db.row("SELECT * FROM runs WHERE id=:id", id=run_id)
@@ -194,6 +234,7 @@ class RunsTable:
             raise RunNotFound(f"no run with id {run_id}")
         for key in _JSON_COLUMNS:
             out[key] = json.loads(out[key]) if out[key] else {}
+        out["env"] = _without_password(out["env"])
         return out
 
     def resolve_run(self, ref: str | int) -> int:
@@ -230,14 +271,6 @@ def lock_run(conn: Connection, run_id: int) -> None:
     q(conn, "UPDATE runs SET status=status WHERE id=:id", {"id": run_id})
 
 
-def current_user() -> str | None:
-    """Who runs this: recorded with each run, since a shared store has many users."""
-    try:
-        return getpass.getuser()
-    except (OSError, KeyError):  # no login name, no passwd entry (some containers)
-        return None
-
-
 def _default_name(command: list[str]) -> str:
     """A readable default: the script or module the command runs."""
     for i, arg in enumerate(command):
@@ -252,4 +285,14 @@ def _decode_json(df: pd.DataFrame) -> pd.DataFrame:
     for col in _JSON_COLUMNS:
         if col in df:
             df[col] = df[col].map(lambda s: json.loads(s) if s else {})
+    if "env" in df:
+        df["env"] = df["env"].map(_without_password)
     return df
+
+
+def _without_password(env: Any) -> Any:
+    """A run's ``env`` as shown: a store URL recorded before passwords were hidden
+    everywhere (a raw ``/`` in one) is hidden when read."""
+    if isinstance(env, dict) and isinstance(env.get("store"), str):
+        return {**env, "store": redacted(env["store"])}
+    return env

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 # Statuses a run can have. "running" is the only non-final one; a run whose launcher
 # vanished without finalising is turned into "lost" on the next read.
@@ -49,8 +49,10 @@ CREATE TABLE IF NOT EXISTS runs (
                                                   -- optimizer, model, precision), see job_facts
     parent_run_id   INTEGER REFERENCES runs(id),  -- baseline a re-run derives from
     "user"          TEXT,                   -- who started it (a shared store has many)
-    run_group       TEXT                    -- one run of a multi-node job: its launchers'
+    run_group       TEXT,                   -- one run of a multi-node job: its launchers'
                                             -- shared key (NULL: an ordinary run)
+    signature       TEXT                    -- its recorder's HMAC over what a replay runs
+                                            -- (app/trust.py); NULL: never signed
 );
 
 CREATE TABLE IF NOT EXISTS steps (
@@ -68,7 +70,7 @@ CREATE TABLE IF NOT EXISTS steps (
     loss         REAL,
     kind         TEXT NOT NULL,             -- 'optimizer' | 'forward' | 'mark'
     profiled     INTEGER NOT NULL DEFAULT 0, -- 1 when inside a profiler capture window
-    -- phases, exclusive host-clock seconds (collectors/step_accounting.py); NULL: not
+    -- phases, exclusive host-clock seconds (collectors/steps/step_accounting.py); NULL: not
     -- recorded (a run older than version 4, an attached process)
     forward_s    REAL,                      -- inside the outermost module calls
     backward_s   REAL,                      -- inside Tensor.backward / autograd.backward
@@ -83,8 +85,7 @@ CREATE TABLE IF NOT EXISTS samples (
     metric  TEXT NOT NULL,                  -- e.g. 'cpu_percent', 'rss_bytes', 'util_percent'
     value   REAL,
     host    TEXT                            -- NULL: the run's host
-);
-CREATE INDEX IF NOT EXISTS samples_run_t ON samples(run_id, t);
+);  -- unique key: samples_key (INDEXES), which also serves reads by run in time order
 
 CREATE TABLE IF NOT EXISTS artifacts (
     id          INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -103,8 +104,7 @@ CREATE TABLE IF NOT EXISTS events (
     level    TEXT NOT NULL,                 -- 'info' | 'warning' | 'error'
     source   TEXT NOT NULL,                 -- which collector or stage
     message  TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS events_run ON events(run_id, t);
+);  -- unique key: events_key (INDEXES), which also serves reads by run in time order
 
 -- The diagnosis of a run, most costly finding first (position 0). Replaced as a whole
 -- each time the run is diagnosed again (more evidence: a new capture).
@@ -145,7 +145,7 @@ CREATE TABLE IF NOT EXISTS experiments (
 );
 CREATE INDEX IF NOT EXISTS experiments_baseline ON experiments(baseline_run_id);
 
--- Python stack samples of an attached process (py-spy, collectors/stack_sampler.py).
+-- Python stack samples of an attached process (py-spy, collectors/samplers/stack_sampler.py).
 -- A loop repeats a few hundred distinct stacks, so each is stored once per run and the
 -- windows count samples of it: a ten-minute attach stays a few hundred KB.
 CREATE TABLE IF NOT EXISTS stacks (
@@ -185,7 +185,7 @@ CREATE TABLE IF NOT EXISTS run_members (
 );
 CREATE INDEX IF NOT EXISTS run_members_run ON run_members(run_id);
 
--- The requests of a text-generation job (collectors/generation.py): one row per outer
+-- The requests of a text-generation job (collectors/steps/generation.py): one row per outer
 -- call (a `generate()` call, or a hand-written decode loop's run over one prompt), each
 -- also one step of the run (``step``). Written when the request starts ('running', so a
 -- job killed mid-request leaves it marked) and again when it ends.
@@ -236,13 +236,41 @@ CREATE TABLE IF NOT EXISTS run_ranks (
     started_at  REAL NOT NULL,
     PRIMARY KEY (run_id, rank)
 );
+
+-- The figures the runs list shows for an ended run (summaries.py), kept so that a list
+-- of thousands of runs does not compute them all again. Kept for the run as it was when
+-- they were computed (its step count, status and end, and the figures' version); a run
+-- that differs from that has them computed again. Data only: shown, never executed.
+CREATE TABLE IF NOT EXISTS run_summaries (
+    run_id      INTEGER PRIMARY KEY REFERENCES runs(id) ON DELETE CASCADE,
+    step_count  INTEGER NOT NULL,
+    status      TEXT NOT NULL,
+    ended_at    REAL,
+    version     INTEGER NOT NULL,           -- how the figures were computed
+    figures     TEXT NOT NULL,              -- JSON: {name: number or null}
+    created_at  REAL NOT NULL
+);
 """
 
-# Indexes on columns that a migration adds: created after the migrations ran.
+# The keys that make a row written twice land once (version 9): the in-job writer
+# retries a flush whose commit may have gone through, and its inserts DO NOTHING on
+# these. NULLs are distinct in a unique index, hence COALESCE on the nullable columns;
+# an event's message is keyed by its first 200 characters (a PostgreSQL index entry
+# holds at most about 2.7 kB): two events that differ later would also have to share
+# the same rank, source and time to the tenth of a microsecond.
+_SAMPLES_KEY = "run_id, t, scope, metric, COALESCE(host, '')"
+_EVENTS_KEY = "run_id, t, COALESCE(rank, -1), source, substr(message, 1, 200)"
+_ARTIFACTS_KEY = "run_id, rank, kind, path, created_at"  # created_at: stamped when added
+
+# Indexes on columns that a migration adds, or on rows it cleans: created after the
+# migrations ran (the DDL runs before them, on a store's rows as they were).
 # At most one running run per group: two launchers racing to create it end in one run.
-INDEXES = """
+INDEXES = f"""
 CREATE UNIQUE INDEX IF NOT EXISTS runs_group_running ON runs(run_group)
     WHERE status = 'running';
+CREATE UNIQUE INDEX IF NOT EXISTS samples_key ON samples({_SAMPLES_KEY});
+CREATE UNIQUE INDEX IF NOT EXISTS events_key ON events({_EVENTS_KEY});
+CREATE UNIQUE INDEX IF NOT EXISTS artifacts_key ON artifacts({_ARTIFACTS_KEY});
 """
 
 
@@ -286,20 +314,44 @@ _STEPS_V6_COLUMNS = (
 )
 
 
-def _copied(table: str, columns: str) -> str:
+def _copied(table: str, columns: str, key: tuple[str, str] | None = None) -> str:
     """SQL that rebuilds ``table`` from the DDL (a new primary key), keeping its rows.
 
     Portable (PostgreSQL stores start at version 5): the copy is created under a new name
     and renamed last, so its key's index never meets the old table's ``{table}_pkey``.
+    ``key``: a unique index (name, columns) the copy gets before its rows, which keeps
+    one of the rows that share a key (rows written twice) and drops the others; an
+    index of that name on the old table goes first (names are per schema, not table).
     """
     create = DDL.split(f"CREATE TABLE IF NOT EXISTS {table} (", 1)[1].split("\n);", 1)[0]
     new = f"{table}_new"
+    index, dedupe = "", ""
+    if key is not None:
+        index = (
+            f"DROP INDEX IF EXISTS {key[0]};\nCREATE UNIQUE INDEX {key[0]} ON {new}({key[1]});\n"
+        )
+        dedupe = " WHERE true ON CONFLICT DO NOTHING"  # WHERE: SQLite's parser needs one
     return (
         f"CREATE TABLE {new} ({create}\n);\n"
-        f"INSERT INTO {new}({columns}) SELECT {columns} FROM {table};\n"
+        + index
+        + f"INSERT INTO {new}({columns}) SELECT {columns} FROM {table}{dedupe};\n"
         f"DROP TABLE {table};\n"
         f"ALTER TABLE {new} RENAME TO {table};\n"
     )
+
+
+# Version 9 removes the rows an older writer wrote twice before its keys are created.
+# An artifact re-inserted by a retried flush got a new created_at: the first row of a
+# file with the same kind, rank and meta is kept. Samples and events have no id, so
+# their tables are copied through their new key (the portable way to drop duplicates).
+_ARTIFACTS_V9 = """
+DELETE FROM artifacts WHERE id NOT IN
+    (SELECT MIN(id) FROM artifacts GROUP BY run_id, rank, kind, path, meta);
+DELETE FROM artifacts WHERE id NOT IN
+    (SELECT MIN(id) FROM artifacts GROUP BY run_id, rank, kind, path, created_at);
+"""
+_SAMPLES_COLUMNS = "run_id, t, scope, metric, value, host"
+_EVENTS_COLUMNS = "run_id, t, rank, level, source, message"
 
 
 # version -> SQL that upgrades from version-1. New tables need no entry (the DDL
@@ -321,4 +373,8 @@ ALTER TABLE samples ADD COLUMN host TEXT;
     6: "",  # the requests table (generation jobs)
     7: _copied("steps", _STEPS_V6_COLUMNS),  # the worker column, in the primary key
     8: "",  # the tags table
+    9: "ALTER TABLE runs ADD COLUMN signature TEXT;\n"  # + the run_summaries table
+    + _ARTIFACTS_V9
+    + _copied("samples", _SAMPLES_COLUMNS, ("samples_key", _SAMPLES_KEY))
+    + _copied("events", _EVENTS_COLUMNS, ("events_key", _EVENTS_KEY)),
 }

@@ -7,7 +7,7 @@ any moment loses at most what its writer had buffered.
 
 ``RunStore`` is one class made of one part per group of tables (``runs.py``,
 ``members.py``, ``records.py``, ``requests.py``, ``findings.py``, ``experiments.py``,
-``tags.py``) over one database
+``tags.py``, ``summaries.py``) over one database
 (``db.py``: SQLite by default, or PostgreSQL, chosen by the store URL, ``url.py``):
 callers keep one handle with the API they always had and each part reads alone.
 This module owns the database: opening it, migrating the schema, closing it.
@@ -16,6 +16,7 @@ This module owns the database: opening it, migrating the schema, closing it.
 from __future__ import annotations
 
 import os
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,6 +28,7 @@ from stepscope.store.records import RunRecords
 from stepscope.store.requests import RequestsTable
 from stepscope.store.runs import RunsTable
 from stepscope.store.schema import DDL, INDEXES, MIGRATIONS, SCHEMA_VERSION, ddl_for
+from stepscope.store.summaries import SummariesTable
 from stepscope.store.tags import TagsTable
 from stepscope.store.url import StoreError, resolve_store_url
 
@@ -52,6 +54,7 @@ class RunStore(
     FindingsTable,
     ExperimentsTable,
     TagsTable,
+    SummariesTable,
 ):
     """Handle on one store: its database plus the local ``runs/<id>/`` folders.
 
@@ -92,12 +95,13 @@ class RunStore(
             if exc.__cause__ is None:  # ours (a newer schema): already says it all
                 raise
             raise StoreError(
-                f"{self.location}: cannot open the run store ({error_text(exc.__cause__)})"
+                f"{self.location}: cannot open the run store "
+                f"({resolved.hide(error_text(exc.__cause__))})"
             ) from exc.__cause__
         except db_errors() as exc:
             self._db.close()
             raise StoreError(
-                f"{self.location}: cannot open the run store ({error_text(exc)})"
+                f"{self.location}: cannot open the run store ({resolved.hide(error_text(exc))})"
             ) from exc
 
     # -- lifecycle ---------------------------------------------------------------
@@ -110,6 +114,11 @@ class RunStore(
     def close(self) -> None:
         self._db.close()
 
+    def transaction(self) -> AbstractContextManager[Connection]:
+        """One transaction for several writes, each given it as ``conn=``: all of them
+        are committed at the end of the block, or none (the in-job writer's flush)."""
+        return self._db.begin()
+
     def __enter__(self) -> RunStore:
         return self
 
@@ -120,7 +129,15 @@ class RunStore(
         if not self._db.has_table(conn, "meta"):
             return 0
         value = q(conn, "SELECT value FROM meta WHERE key='schema_version'").scalar()
-        return int(value) if value is not None else 0
+        if value is None:
+            return 0
+        try:
+            return int(value)
+        except (TypeError, ValueError):  # written by hand or by something else: no guess
+            raise StoreError(
+                f"{self.location}: its meta table's schema_version is {value!r}, not a "
+                "version number; this is not a store stepscope can read"
+            ) from None
 
     def _check_not_newer(self, version: int) -> None:
         if version > SCHEMA_VERSION:

@@ -17,6 +17,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from stepscope.store.db import q
+from stepscope.store.identity import current_user
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -62,7 +63,6 @@ class TagsTable:
     def set_tag(self, name: str, run_id: int) -> int | None:
         """Point tag ``name`` at ``run_id``; returns the run it was on before (None: a new
         tag). The caller resolves ``run_id`` first: a missing run fails on its key."""
-        from stepscope.store.runs import current_user  # local: runs.py imports this module
 
         name = check_tag_name(name)
         with self._db.begin() as conn:

@@ -5,17 +5,25 @@ the calibration cache live there. The store URL only chooses the database, so th
 hosts can share one (SQLite's WAL must not sit on a network filesystem; a server can).
 Resolution order: an explicit ``url`` > ``$STEPSCOPE_STORE`` > ``<home>/stepscope.db``.
 
-Passwords in a URL are never printed nor recorded: every message uses ``redacted``.
-No SQLAlchemy here: resolving a URL must stay cheap (it runs in every job process).
+Passwords in a URL are never printed nor recorded: every message uses ``redacted``, and
+a driver's error passes through ``StoreUrl.hide``. No SQLAlchemy here: resolving a URL
+must stay cheap (it runs in every job process; ``sqlalchemy.engine.url`` costs 0.16 s to
+import), so ``split_url`` reads the password itself. ``urllib.parse`` cannot: a raw ``/``,
+``?`` or ``#`` in a password ends its authority early and shows the rest. Here the user
+ends at the first ``:`` and the password at the LAST ``@`` of the URL, so nothing a
+password may hold ever shows; the price is that an ``@`` in the database name or the
+query must be written ``%40`` (SQLAlchemy unquotes both), or it reads as the password's
+end. The URL handed to SQLAlchemy has the password percent-encoded, so it connects with
+the password the display hid (a raw ``@`` in it included).
 """
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, unquote
 
 ENV_VAR = "STEPSCOPE_STORE"
 DB_FILE = "stepscope.db"
@@ -40,24 +48,69 @@ class StoreUrl:
     sqlalchemy: str
     display: str
     path: Path | None  # the database file, for SQLite
+    password: str | None = field(default=None, repr=False)  # as written, for ``hide``
+
+    def hide(self, text: str) -> str:
+        """``text`` (a driver's error) with the password replaced by ``***``, in every
+        form it may take there: as written, decoded, encoded."""
+        return hide_password(text, self.password)
+
+
+@dataclass(frozen=True)
+class UrlParts:
+    """A URL cut where its password begins and ends (``split_url``)."""
+
+    head: str  # 'scheme://'
+    user: str  # as written
+    password: str | None  # as written (None: no password)
+    rest: str  # host[:port][/database][?query], as written
+
+
+def split_url(text: str) -> UrlParts | None:
+    """The URL's user, password and the rest; None for text without a ``scheme://``.
+
+    The password runs from the first ``:`` of the user information to the last ``@``
+    whose user part holds no ``/`` (an ``@`` after a path with no user before it is
+    the path's, as in ``scheme://host/db?x=a@b``), so a raw ``/ ? # @ :`` in a password
+    never ends it early and never shows.
+    """
+    match = _SCHEME.match(text)
+    if match is None:
+        return None
+    head, after = text[: match.end()], text[match.end() :]
+    end = len(after)
+    while (at := after.rfind("@", 0, end)) >= 0:
+        user, colon, password = after[:at].partition(":")
+        if "/" not in user:
+            return UrlParts(head, user, password if colon else None, after[at + 1 :])
+        end = at
+    return UrlParts(head, "", None, after)
 
 
 def redacted(url: str | os.PathLike[str] | None) -> str:
-    """The URL with any password replaced by ``***`` (a plain path comes back as is)."""
+    """The URL with any password replaced by ``***`` (a plain path comes back as is):
+    for a database URL, what SQLAlchemy's ``render_as_string(hide_password=True)``
+    shows; for an S3 endpoint (``http://key:secret@host``) the same form."""
     if url is None:
         return ""
     text = str(url)
-    if not _SCHEME.match(text):
+    parts = split_url(text)
+    if parts is None or parts.password is None:
         return text
-    try:
-        parts = urlsplit(text)
-    except ValueError:
-        return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", text)
-    if parts.password is None:
+    return f"{parts.head}{parts.user}:***@{parts.rest}"
+
+
+def hide_password(text: str, password: str | None) -> str:
+    """``text`` with ``password`` (as written in a URL) replaced by ``***`` wherever it
+    appears: as written, percent-decoded and percent-encoded, longest first. A form of
+    one or two characters is left: it would star every ``:`` of a driver's message, and
+    drivers do not echo passwords (this is the second guard, not the first)."""
+    if not password:
         return text
-    netloc = parts.netloc.rsplit("@", 1)
-    user = netloc[0].split(":", 1)[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[1]}"))
+    forms = {password, unquote(password), quote(unquote(password), safe="")}
+    for form in sorted((f for f in forms if len(f) > 2), key=len, reverse=True):
+        text = text.replace(form, "***")
+    return text
 
 
 def resolve_store_url(
@@ -91,15 +144,28 @@ def resolve_store_url(
         path = Path(raw).expanduser().absolute()
         return StoreUrl("sqlite", f"sqlite:///{path}", str(path), path)
     if scheme in _PG_SCHEMES:
-        rest = text[match.end() :]
-        full = f"postgresql+psycopg://{rest}"
-        parts = urlsplit(full)
-        if not parts.path.strip("/"):
+        parts = split_url(text)
+        assert parts is not None  # it has a scheme
+        host, _, database = parts.rest.partition("?")[0].partition("/")
+        port = host.rsplit("]", 1)[-1].partition(":")[2]  # [::1]:5432 or h:5432
+        if not database.strip("/"):
             raise StoreError(
                 f"store URL {redacted(text)}: name the database, as postgresql://user@host/db"
             )
-        return StoreUrl("postgresql", full, redacted(f"postgresql://{rest}"), None)
+        if port and not port.isdigit():
+            raise StoreError(f"store URL {redacted(text)}: port {port!r} is not a number")
+        user = parts.user + ("" if parts.password is None else ":" + _encoded(parts.password))
+        userinfo = f"{user}@" if parts.password is not None or parts.user else ""
+        display = redacted(f"postgresql://{text[match.end() :]}")
+        full = f"postgresql+psycopg://{userinfo}{parts.rest}"
+        return StoreUrl("postgresql", full, display, None, password=parts.password)
     raise StoreError(
         f"store URL {redacted(text)}: unknown scheme {scheme!r}; use a path, "
         "sqlite:///path or postgresql://user@host/db"
     )
+
+
+def _encoded(password: str) -> str:
+    """The password percent-encoded for SQLAlchemy, which decodes it: a raw ``@`` (or
+    ``/``, ``?``, ``#``) would otherwise split it where SQLAlchemy's parser cuts."""
+    return quote(unquote(password), safe="")

@@ -1,24 +1,47 @@
 """Buffered, background writer for code that runs inside the user's job.
 
-The training loop must never wait on disk: collectors append rows to in-memory lists
-(a list append is atomic under the GIL) and a daemon thread commits them about once a
+The training loop must never wait on disk: collectors append rows to in-memory buffers
+(a deque append is atomic under the GIL) and a daemon thread commits them about once a
 second. A job killed with SIGKILL therefore loses at most the last interval.
+
+Each flush is one transaction: every row it holds lands, or none does and all are
+written again at the next flush. Rows written twice (a commit that went through but
+whose answer was lost) land once: steps, requests and ranks are upserted on their keys,
+samples, events and artifacts have unique keys their inserts leave alone
+(``schema.INDEXES``). While the store is away the buffers are bounded
+(``row_buffer.py``): past a cap the oldest rows of that kind go, and once the store
+answers the run's log says for how long it was away and what was dropped.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from stepscope.store.db import error_text
+from stepscope.store.row_buffer import RowBuffer, drop_message
 from stepscope.store.store import RunStore
 
 FLUSH_INTERVAL_S = 1.0
+
+# The most rows of each kind kept for the store while it is away. Steps are what every
+# analysis reads: the largest cap (a step's row is about 1 kB, so at most ~50 MB; a job
+# of 100 steps a second keeps eight minutes of them). Samples (the system sampler
+# writes its own; these are a job's extras) are dropped first.
+MAX_BUFFERED_STEPS = 50_000
+MAX_BUFFERED_REQUESTS = 10_000
+MAX_BUFFERED_ARTIFACTS = 10_000
+MAX_BUFFERED_EVENTS = 10_000
+MAX_BUFFERED_RUN_UPDATES = 10_000
+MAX_BUFFERED_STEP_DELETIONS = 10_000
+MAX_BUFFERED_RANKS = 1_000
+MAX_BUFFERED_SAMPLES = 5_000
 
 
 class BufferedWriter:
@@ -27,7 +50,8 @@ class BufferedWriter:
 
     ``before_flush`` callbacks run on the flush thread just before each commit; the
     step timer uses one to resolve CUDA events without synchronising the job.
-    Failures to write are reported once on stderr and never raised into the job.
+    Failures to write are reported once on stderr and never raised into the job; what
+    an outage cost goes to the run's log (source "writer") once the store answers.
     """
 
     def __init__(
@@ -45,15 +69,23 @@ class BufferedWriter:
         self.rank = rank
         self.worker = 0  # a training process multiprocessing started (step_timer.py)
         self.interval_s = interval_s
-        # deque.append/popleft are atomic, so producers never take a lock
-        self._steps: deque[dict[str, Any]] = deque()
-        self._samples: deque[tuple[float, str, str, float | None]] = deque()
-        self._artifacts: deque[dict[str, Any]] = deque()
-        self._events: deque[dict[str, Any]] = deque()
-        self._run_updates: deque[tuple[str, dict[str, Any], tuple[str, ...]]] = deque()
-        self._step_deletions: deque[int] = deque()  # from_step, applied after inserts
-        self._ranks: deque[tuple[int, str, int | None]] = deque()
-        self._requests: deque[dict[str, Any]] = deque()
+        # deque.append/popleft are atomic, so producers never take a lock; written in
+        # this order, one transaction per flush
+        self._ranks = RowBuffer("rank registrations", MAX_BUFFERED_RANKS)
+        self._steps = RowBuffer("steps", MAX_BUFFERED_STEPS)
+        self._requests = RowBuffer("requests", MAX_BUFFERED_REQUESTS)
+        self._step_deletions = RowBuffer("step deletions", MAX_BUFFERED_STEP_DELETIONS)
+        self._samples = RowBuffer("samples", MAX_BUFFERED_SAMPLES)
+        self._artifacts = RowBuffer("artifacts", MAX_BUFFERED_ARTIFACTS)
+        self._events = RowBuffer("events", MAX_BUFFERED_EVENTS)
+        self._run_updates = RowBuffer("run updates", MAX_BUFFERED_RUN_UPDATES)
+        self._buffers = (
+            self._ranks, self._steps, self._requests, self._step_deletions, self._samples,
+            self._artifacts, self._events, self._run_updates,
+        )  # fmt: skip
+        self._away_since: float | None = None  # monotonic: the first failed flush since
+        self._reported: dict[str, int] = {}  # drops already told in the run's log
+        self._last_log_t = 0.0
         self._store: RunStore | None = None
         self.before_flush: list[Callable[[], None]] = []
         self._lock = threading.Lock()  # serialises flushes, not appends
@@ -82,12 +114,15 @@ class BufferedWriter:
         self._samples.append((t, scope, metric, value))
 
     def add_artifact(self, kind: str, path: str, meta: dict[str, Any] | None = None) -> None:
-        self._artifacts.append({"kind": kind, "path": path, "meta": meta or {}})
+        # stamped now, not at insert: a retried row is the same row (its unique key)
+        self._artifacts.append({"kind": kind, "path": path, "meta": meta or {}, "t": time.time()})
 
     def log(self, level: str, source: str, message: str) -> None:
-        self._events.append(
-            {"t": time.time(), "level": level, "source": source, "message": message}
-        )
+        # later than the line before: unix seconds as a float move every ~0.24 µs, and
+        # the same line logged twice in one tick would be one row under the events' key
+        t = max(time.time(), math.nextafter(self._last_log_t, math.inf))
+        self._last_log_t = t
+        self._events.append({"t": t, "level": level, "source": source, "message": message})
 
     def register_rank(self, rank: int, host: str, pid: int | None) -> None:
         """Record which process on which host is ``rank`` (a multi-node job's map)."""
@@ -116,7 +151,8 @@ class BufferedWriter:
             self.flush()
 
     def flush(self) -> None:
-        """Commit everything buffered so far. Safe to call from any thread."""
+        """Commit everything buffered so far, in one transaction. Safe to call from any
+        thread."""
         if os.getpid() != self._pid:
             return  # a forked child (DataLoader worker) must not write the parent's rows
         with self._lock:
@@ -125,63 +161,90 @@ class BufferedWriter:
                     callback()
                 except Exception as exc:  # a collector bug must not stop the writer
                     self.log("warning", "writer", f"flush callback failed: {exc!r}")
-            steps = _drain(self._steps)
-            samples = _drain(self._samples)
-            artifacts = _drain(self._artifacts)
-            events = _drain(self._events)
-            updates = _drain(self._run_updates)
-            deletions = _drain(self._step_deletions)
-            ranks = _drain(self._ranks)
-            requests = _drain(self._requests)
-            if not (
-                steps or samples or artifacts or events or updates or deletions or ranks or requests
-            ):
+            batch = [buffer.take() for buffer in self._buffers]
+            dropped = {buffer.name: buffer.dropped for buffer in self._buffers}
+            report = self._drop_report(dropped)
+            if report is None and not any(batch):
                 return
             try:
-                if self._store is None:
-                    self._store = RunStore(self.home, url=self.url)
-                store = self._store
-                for rank, host, pid in ranks:
-                    store.register_rank(self.run_id, rank, host, pid)
-                store.add_steps(self.run_id, steps)
-                store.add_requests(self.run_id, requests)
-                for from_step in deletions:
-                    store.delete_steps(self.run_id, self.rank, from_step, self.worker)
-                store.add_samples(self.run_id, samples)
-                for a in artifacts:
-                    store.add_artifact(
-                        self.run_id, a["kind"], a["path"], rank=self.rank, meta=a["meta"]
-                    )
-                for e in events:
-                    store.log_event(
-                        self.run_id, e["level"], e["source"], e["message"], rank=self.rank, t=e["t"]
-                    )
-                for column, values, appended in updates:
-                    if column:
-                        store.merge_run_json(self.run_id, column, values, appended)
-                    else:
-                        store.update_run(self.run_id, **values)
+                self._write(*batch, report)
             except Exception as exc:
-                if not self._failed:
-                    self._failed = True
-                    print(
-                        f"stepscope: cannot write to the run store ({exc}); "
-                        "recording continues in memory",
-                        file=sys.stderr,
-                    )
-                # put the rows back so a later flush can retry
-                self._steps.extendleft(reversed(steps))
-                self._samples.extendleft(reversed(samples))
-                self._artifacts.extendleft(reversed(artifacts))
-                self._events.extendleft(reversed(events))
-                self._run_updates.extendleft(reversed(updates))
-                self._step_deletions.extendleft(reversed(deletions))
-                self._ranks.extendleft(reversed(ranks))
-                self._requests.extendleft(reversed(requests))
-                if self._store is not None:
-                    with contextlib.suppress(Exception):
-                        self._store.close()
-                self._store = None
+                self._refused(exc)
+                for buffer, rows in zip(self._buffers, batch, strict=True):
+                    buffer.put_back(rows)  # the report is made again, with the new counts
+                return
+            self._away_since = None
+            self._reported = dropped
+
+    def _write(
+        self,
+        ranks: list[tuple[int, str, int | None]],
+        steps: list[dict[str, Any]],
+        requests: list[dict[str, Any]],
+        deletions: list[int],
+        samples: list[tuple[float, str, str, float | None]],
+        artifacts: list[dict[str, Any]],
+        events: list[dict[str, Any]],
+        updates: list[tuple[str, dict[str, Any], tuple[str, ...]]],
+        report: dict[str, Any] | None,
+    ) -> None:
+        if self._store is None:
+            self._store = RunStore(self.home, url=self.url)
+        store, run_id = self._store, self.run_id
+        with store.transaction() as conn:
+            for rank, host, pid in ranks:
+                store.register_rank(run_id, rank, host, pid, conn=conn)
+            store.add_steps(run_id, steps, conn=conn)
+            store.add_requests(run_id, requests, conn=conn)
+            for from_step in deletions:
+                store.delete_steps(run_id, self.rank, from_step, self.worker, conn=conn)
+            store.add_samples(run_id, samples, conn=conn)
+            for a in artifacts:
+                store.add_artifact(
+                    run_id, a["kind"], a["path"], rank=self.rank, meta=a["meta"],
+                    created_at=a["t"], conn=conn,
+                )  # fmt: skip
+            for e in [*events, report] if report is not None else events:
+                store.log_event(
+                    run_id, e["level"], e["source"], e["message"], rank=self.rank, t=e["t"],
+                    conn=conn,
+                )  # fmt: skip
+            for column, values, appended in updates:
+                if column:
+                    store.merge_run_json(run_id, column, values, appended, conn=conn)
+                else:
+                    store.update_run(run_id, conn=conn, **values)
+
+    def _drop_report(self, dropped: dict[str, int]) -> dict[str, Any] | None:
+        """The run's log line about an outage that is ending (if this flush lands) or rows
+        dropped since the last report; None when there is nothing to tell."""
+        new = {name: n - self._reported.get(name, 0) for name, n in dropped.items()}
+        if self._away_since is None and not any(new.values()):
+            return None
+        away_s = None if self._away_since is None else time.monotonic() - self._away_since
+        return {
+            "t": time.time(),
+            "level": "warning",
+            "source": "writer",
+            "message": drop_message(away_s, new),
+        }
+
+    def _refused(self, exc: Exception) -> None:
+        """The store did not take a flush: say so once, drop the handle (the next flush
+        opens the store again) and remember when the outage began."""
+        if self._away_since is None:
+            self._away_since = time.monotonic()
+        if not self._failed:
+            self._failed = True
+            print(
+                f"stepscope: cannot write to the run store ({error_text(exc)});"
+                " recording continues in memory",
+                file=sys.stderr,
+            )
+        if self._store is not None:
+            with contextlib.suppress(Exception):
+                self._store.close()
+        self._store = None
 
     def close(self) -> None:
         """Stop the thread and commit what is left (called at interpreter exit)."""
@@ -189,14 +252,3 @@ class BufferedWriter:
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=5)
         self.flush()
-
-
-def _drain(buffer: deque[Any]) -> list[Any]:
-    """Pop what is there now; items appended meanwhile wait for the next flush."""
-    out = []
-    try:
-        for _ in range(len(buffer)):
-            out.append(buffer.popleft())
-    except IndexError:
-        pass
-    return out

@@ -24,8 +24,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from stepscope.collectors.job_env import build_job_env  # noqa: E402
-from stepscope.collectors.step_accounting import AFTER_CAPTURE_STEPS  # noqa: E402
+from stepscope.collectors.launch.job_env import build_job_env  # noqa: E402
+from stepscope.collectors.steps.step_accounting import AFTER_CAPTURE_STEPS  # noqa: E402
 from stepscope.store import RunStore  # noqa: E402
 
 MAX_STEPS, PROFILE_AT, PROFILE_STEPS = 60, 20, 3

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from stepscope.collectors import step_timer
+from stepscope.collectors.steps import step_timer
 
 p = argparse.ArgumentParser()
 p.add_argument("--what", choices=["batch", "step"], required=True)
@@ -26,7 +26,7 @@ assert timer is not None, "bootstrap did not install the step timer"
 if a.what == "batch":
     timer.batch_counter.batch_len = boom
 else:
-    timer._take_row = boom
+    timer.accounting.take_row = boom
 
 model = nn.Linear(4, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -3,7 +3,8 @@
 
 The model's own work per step varies (0 to 2x --compute-ms, seeded), so that sampling
 windows differ in how much of them is spent waiting for data: the plan's regression
-of CPU on data-wait share needs that spread. Options: --steps N, --batch B.
+of CPU on data-wait share needs that spread. Options: --steps N, --batch B, --epochs E
+(the steps split over E passes, each a new ``iter(loader)``: persistent workers matter).
 """
 
 import argparse
@@ -42,6 +43,7 @@ def main() -> None:
     p.add_argument("--io-ms", type=float, default=0.0)
     p.add_argument("--cpu-ms", type=float, default=0.0)
     p.add_argument("--compute-ms", type=float, default=40.0)
+    p.add_argument("--epochs", type=int, default=1)
     a = p.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -49,8 +51,10 @@ def main() -> None:
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = DataLoader(Data(a.io_ms / 1000, a.cpu_ms / 1000), batch_size=a.batch)
-    it = iter(loader)
-    for _ in range(a.steps):
+    per_epoch = max(1, a.steps // max(1, a.epochs))
+    for step in range(a.steps):
+        if step % per_epoch == 0:
+            it = iter(loader)  # an epoch starts
         x = next(it)
         busy(rng.uniform(0.0, 2.0) * a.compute_ms / 1000)  # the model's CPU work
         loss = model(x).pow(2).mean()

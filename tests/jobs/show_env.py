@@ -10,7 +10,7 @@ print("stepscope imported:", "stepscope" in sys.modules)
 if "--torch" in sys.argv:
     import torch  # noqa: F401
 
-    from stepscope.collectors import step_timer
+    from stepscope.collectors.steps import step_timer
 
     print("step timer installed:", step_timer.current() is not None)
     names = [t.name for t in threading.enumerate()]

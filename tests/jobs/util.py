@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stepscope.collectors.job_env import build_job_env
+from stepscope.collectors.launch.job_env import build_job_env
 from stepscope.store import RunStore
 
 JOBS = Path(__file__).resolve().parent

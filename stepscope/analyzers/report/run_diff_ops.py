@@ -40,7 +40,7 @@ class RunDiff:
     warnings: list[str] = field(default_factory=list)
     # each side's operator and kernel calls (``op_steps.op_calls`` with their ``args``,
     # named as in ``ops``) and how many steps they are over, for what needs single calls
-    # (``optim_runner/added_work.py``); not in the JSON
+    # (``optim_runner/check/added_work.py``); not in the JSON
     calls_a: pd.DataFrame | None = None
     calls_b: pd.DataFrame | None = None
     windows_a: int = 0

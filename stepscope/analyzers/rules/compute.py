@@ -42,7 +42,7 @@ from stepscope.analyzers.rules.thresholds import (
 from stepscope.types import EvidenceItem, Finding, phase_label
 
 MODEL_PHASES = ("forward", "backward", "optimizer")  # stack phases that are the model's work
-# Most of an unfused optimizer step can go (a fused step, ``fixes/fused_optimizer.py``):
+# Most of an unfused optimizer step can go (a fused step, ``fixes/catalog/fused_optimizer.py``):
 # its cost is nearly its share, unlike GEMM time (PRODUCTIVE_WEIGHT).
 REMOVABLE_OPTIMIZER_WEIGHT = 0.9
 

@@ -25,13 +25,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepscope.analyzers.report.trace_report import TraceReport, analyze_trace
+from stepscope.analyzers.rules.capture_cover import NO_COMPLETE_STEP, missed_every_step
 from stepscope.analyzers.rules.communication import collectives, host_device
 from stepscope.analyzers.rules.compute import device_compute, host_overhead, optimizer_step
 from stepscope.analyzers.rules.evidence import Evidence, from_trace, gather
 from stepscope.analyzers.rules.generation import decode_batch_one, long_prefill, no_kv_cache
 from stepscope.analyzers.rules.inference import inference_grad, inference_train_mode, small_batch
 from stepscope.analyzers.rules.io import input_pipeline, storage, waiting_process
-from stepscope.analyzers.rules.memory import memory_bandwidth, memory_capacity
+from stepscope.analyzers.rules.memory import (
+    memory_bandwidth,
+    memory_capacity,
+    oom_before_first_step,
+)
 from stepscope.analyzers.rules.recommend import recommend
 from stepscope.analyzers.trace.load import TraceError
 from stepscope.store.artifacts import ArtifactError, kind_files
@@ -59,6 +64,8 @@ class Diagnosis:
     warnings: list[str] = field(default_factory=list)
     # Why there is nothing to diagnose (a run whose job recorded no step); also in warnings.
     reason: str | None = None
+    # Why the run's capture was left out (it covered no complete step); also in warnings.
+    capture_note: str | None = None
 
     def __post_init__(self) -> None:
         for finding in self.findings:
@@ -94,6 +101,8 @@ def diagnose(ev: Evidence) -> Diagnosis:
     """All findings of the evidence, with their fixes, most costly first."""
     if ev.no_steps:
         return _nothing_to_diagnose(ev)
+    if oom_before_first_step(ev.run or {}):
+        return _out_of_memory_in_first_step(ev)
     findings, warnings = [], []
     for rule in RULES:
         try:
@@ -158,41 +167,82 @@ def _nothing_to_diagnose(ev: Evidence) -> Diagnosis:
     return Diagnosis(ev.level, findings, [reason], reason=reason)
 
 
+def _out_of_memory_in_first_step(ev: Evidence) -> Diagnosis:
+    """A job that ran out of memory before it completed a step: its one recorded step is
+    the one it died in (the step timer closes it at exit), and a share of step time read
+    from it would be invented (a training step cut short in its forward reads as an
+    inference step). The out-of-memory finding is the diagnosis, with its fixes."""
+    model = (ev.context.facts or {}).get("model") or {}
+    if model.get("training") and model.get("grad_enabled"):
+        # its forward never reached the backward: a model in training mode under grad
+        # mode is a training job, whatever its one cut-short step looks like
+        ev.context.training = True
+    oom = memory_capacity(ev)
+    findings = []
+    if oom is not None:
+        recommend(oom, ev)
+        findings.append(oom)
+    note = "the job ran out of memory before it completed a step: no step time to read"
+    return Diagnosis(ev.level, findings, [note])
+
+
 def diagnose_report(report: TraceReport) -> Diagnosis:
     """A trace file with no run behind it."""
     return diagnose(from_trace(report))
 
 
 def diagnose_run(
-    store: Any, run_id: int, report: TraceReport | None = None, save: bool = True
+    store: Any,
+    run_id: int,
+    report: TraceReport | None = None,
+    save: bool = True,
+    read_trace: bool = True,
 ) -> Diagnosis:
-    """Diagnose a run of the store with everything it has; saves the findings."""
+    """Diagnose a run of the store with everything it has; saves the findings.
+    ``read_trace``: False leaves its trace out (a dashboard holding a big one back)."""
     warnings: list[str] = []
-    if report is None:
+    if report is None and read_trace:
         report, warnings = _run_report(store, run_id)
+    if report is not None and missed_every_step(report.per_step, store.steps(run_id)):
+        report = None  # its shares would be of the job's tail, not of its steps
+        warnings.append(NO_COMPLETE_STEP)
     diagnosis = diagnose(gather(store, run_id, report))
     diagnosis.warnings = warnings + diagnosis.warnings
+    if NO_COMPLETE_STEP in warnings:
+        diagnosis.capture_note = NO_COMPLETE_STEP
     if save:
         store.save_findings(run_id, diagnosis.findings)
         marker = {"at": time.time(), "level": diagnosis.level, "reason": diagnosis.reason}
+        if diagnosis.capture_note:
+            marker["capture"] = diagnosis.capture_note
         store.merge_run_json(run_id, "config", {DIAGNOSED: marker})
     return diagnosis
 
 
-def saved_diagnosis(store: Any, run_id: int, report: TraceReport | None = None) -> Diagnosis | None:
+def saved_diagnosis(
+    store: Any, run_id: int, report: TraceReport | None = None, read_trace: bool = True
+) -> Diagnosis | None:
     """The run's diagnosis as saved, made now where the run ended after it was last
     diagnosed (a job whose launcher was killed before its verdict, a run recorded before
     verdicts, one diagnosed while it ran); None for a running run never diagnosed.
-    ``report``: the run's trace, where the caller has analysed it already."""
+    ``report``: the run's trace, where the caller has analysed it already; ``read_trace``
+    False: the caller holds the trace back, so a diagnosis made now leaves it out and is
+    not saved (the one with the trace is made once it is read)."""
     run = store.run(run_id)
     marker = (run.get("config") or {}).get(DIAGNOSED)
     ended = run.get("ended_at")
     if run["status"] != "running" and (marker is None or (ended and marker["at"] < ended)):
-        return diagnose_run(store, run_id, report=report)
+        whole = report is not None or read_trace
+        return diagnose_run(store, run_id, report=report, save=whole, read_trace=read_trace)
     if marker is None:
         return None
     reason = marker.get("reason")
-    return Diagnosis(marker.get("level") or "none", store.findings(run_id), reason=reason)
+    return Diagnosis(
+        marker.get("level") or "none",
+        store.findings(run_id),
+        reason=reason,
+        capture_note=marker.get("capture"),
+    )
 
 
 def _run_report(store: Any, run_id: int) -> tuple[TraceReport | None, list[str]]:

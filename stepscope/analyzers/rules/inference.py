@@ -1,7 +1,7 @@
 """Inference rules: a job that only runs its model forward, and how it runs it.
 
 An inference job is one whose step timer saw forward steps and neither an optimizer nor
-a backward (``collectors/job_facts.py``: ``facts["forward"]``, counted once per step).
+a backward (``collectors/facts/job_facts.py``: ``facts["forward"]``, counted once per step).
 Three of its habits cost time or results, each a plain ``Evidence -> Finding | None``:
 
 * ``inference_grad``: the forward runs under grad mode (no ``inference_mode`` or

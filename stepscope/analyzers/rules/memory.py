@@ -2,10 +2,14 @@
 
 Each rule is a plain function ``Evidence -> Finding | None`` for one subtype of
 the taxonomy (docs/architecture.md). Capacity has no share of step time: an out-of-memory error ranks
-first through the finding's ``extra_cost``.
+first through the finding's ``extra_cost`` (``OOM_COST``), its evidence read from the OOM
+record the job wrote where it ran out (``collectors/injob/oom_record.py``): the bytes
+asked, the bytes in use, the limit, the step and the user's line that asked.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from stepscope.analyzers.rules.evidence import Evidence
 from stepscope.analyzers.rules.readings import (
@@ -25,6 +29,7 @@ from stepscope.analyzers.rules.thresholds import (
     KERNEL_MIN,
     PRODUCTIVE_WEIGHT,
 )
+from stepscope.errors import is_out_of_memory
 from stepscope.types import EvidenceItem, Finding
 
 
@@ -82,11 +87,13 @@ def memory_bandwidth(ev: Evidence) -> Finding | None:
 
 
 def memory_capacity(ev: Evidence) -> Finding | None:
-    error = str((ev.run or {}).get("error") or "")
+    run = ev.run or {}
+    error = str(run.get("error") or "")
+    records = oom_records(run)
     evidence: list[EvidenceItem] = []
-    oom = "out of memory" in error.lower() or "OutOfMemoryError" in error
+    oom = bool(records) or is_out_of_memory(error)
     if oom:
-        evidence.append(EvidenceItem.of(f"the job failed: {error[:160]}", None, "run"))
+        evidence += oom_evidence(records[0] if records else {}, error)
     peak_share = None
     if ev.trace is not None and ev.trace.memory:
         for dev, m in ev.trace.memory.items():
@@ -123,14 +130,102 @@ def memory_capacity(ev: Evidence) -> Finding | None:
         )
     if not oom and (peak_share is None or peak_share < CAPACITY_HIGH):
         return None
+    where = "device" if records and records[0].get("cuda_total_bytes") else "process"
+    if not records and "cuda" in error.lower():
+        where = "device"
     return Finding(
         "memory",
         "capacity",
-        "Memory capacity: the job runs out of device memory"
+        f"{OOM_TITLE} {where} memory"
         if oom
         else "Memory capacity: peak memory near the device's limit",
         None,
         0.95 if oom else 0.7,
         evidence,
-        extra_cost=1.0 if oom else 0.0,
+        extra_cost=OOM_COST if oom else 0.0,
     )
+
+
+OOM_TITLE = "Memory capacity: the job ran out of"
+
+
+def is_oom_finding(finding: Finding) -> bool:
+    """The finding says the job ran out of memory (as built here, or read back from the
+    store, where only its key and title tell it from a peak near the limit)."""
+    return finding.key == "memory/capacity" and finding.title.startswith(OOM_TITLE)
+
+
+# An out-of-memory error outranks every finding with a share of step time (shares add up
+# to about 1): a job that does not run has no step time worth speeding up.
+OOM_COST = 10.0
+
+
+def oom_records(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """The run's out-of-memory records (``collectors/injob/oom_record.py``), first first."""
+    records = (run.get("config") or {}).get("oom") or []
+    return [r for r in records if isinstance(r, dict)]
+
+
+def oom_before_first_step(run: dict[str, Any]) -> bool:
+    """The job ran out of memory before it completed a step: its one recorded step, if
+    any, is the step it died in, and no share of step time can be read from it."""
+    records = oom_records(run)
+    return bool(records) and records[0].get("step") in (0, None)
+
+
+def oom_evidence(record: dict[str, Any], error: str) -> list[EvidenceItem]:
+    """What ran out, by how much, where: one line each, from the OOM record."""
+    items = [EvidenceItem.of(f"the job failed: {error[:160]}", None, "run")]
+    asked = record.get("bytes_asked")
+    if asked:
+        items.append(
+            EvidenceItem.of(f"the failing allocation asked for {_size(asked)}", asked, "oom")
+        )
+    total = record.get("cuda_total_bytes")
+    if total:
+        allocated, reserved = record.get("cuda_allocated_bytes"), record.get("cuda_reserved_bytes")
+        items.append(
+            EvidenceItem.of(
+                f"in use then: {_size(allocated)} allocated, {_size(reserved)} reserved "
+                f"of the device's {_size(total)}",
+                allocated,
+                "oom",
+            )
+        )
+    elif record.get("rss_bytes") is not None:
+        space = record.get("address_space_bytes")
+        mapped = f" ({_size(space)} of address space mapped)" if space else ""
+        items.append(
+            EvidenceItem.of(
+                f"in use then: {_size(record['rss_bytes'])} resident{mapped}",
+                record["rss_bytes"],
+                "oom",
+            )
+        )
+    limit = record.get("limit_bytes")
+    if limit:
+        items.append(
+            EvidenceItem.of(
+                f"the limit: {_size(limit)} of address space (RLIMIT_AS, --memory-limit)",
+                limit,
+                "oom",
+            )
+        )
+    step = record.get("step")
+    if step is not None:
+        done = "before any step completed" if step == 0 else f"after {step} completed steps"
+        items.append(EvidenceItem.of(f"in step {step}, {done}", step, "oom"))
+    if record.get("source"):
+        items.append(EvidenceItem.of(f"asked by {record['source']}", None, "oom"))
+    return items
+
+
+def _size(n: Any) -> str:
+    """``192.0 MiB (201326592 bytes)``: torch's units, and the exact count to grep for."""
+    if n is None:
+        return "unknown"
+    n = int(n)
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit} ({n} bytes)"
+    return f"{n} bytes"

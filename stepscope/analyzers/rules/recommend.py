@@ -34,8 +34,8 @@ Two kinds of fix need more than "not known to be unmet":
   is worse than saying nothing.
 * **Fixes with their own evidence** (``Fix.advise``): the thread count is offered only
   with evidence that it is wrong, and with the count that evidence points to
-  (``fixes/cpu_threads.py``); removing syncs can win back only the syncs' own time
-  (``fixes/avoid_syncs.py``).
+  (``fixes/catalog/cpu_threads.py``); removing syncs can win back only the syncs' own time
+  (``fixes/catalog/avoid_syncs.py``).
 """
 
 from __future__ import annotations
@@ -170,5 +170,5 @@ def recommend(finding: Finding, ev: Evidence, present: frozenset[str] = frozense
                 evidence=advice.evidence,
             )
         )
-    chosen.sort(key=lambda f: f.predicted_speedup or 0.0, reverse=True)
+    chosen.sort(key=FixAdvice.order_key)  # predicted <= 1.00x after the rest
     finding.fixes = chosen

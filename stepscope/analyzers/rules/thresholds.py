@@ -58,11 +58,11 @@ INFERENCE_MODE_MIN = 0.5
 # the forward autograd's bookkeeping takes cannot be told from the work; and every other
 # fix of the forward (compile, bf16, int8) measured on a forward that records gradients
 # is measured against the wrong baseline. The gain shown is the fix's own Amdahl bound
-# (``fixes/inference_mode.py``: its typical range), not this weight.
+# (``fixes/catalog/inference_mode.py``: its typical range), not this weight.
 INFERENCE_GRAD_WEIGHT = 1.0
 # A batch of one sample: every per-call cost (Python, dispatch, launches, weights read
 # from memory for one row) is paid per sample; a larger batch removes up to 70 % of
-# the step there (``fixes/larger_batch.py``'s removes).
+# the step there (``fixes/catalog/larger_batch.py``'s removes).
 SMALL_BATCH_MAX = 1.0
 SMALL_BATCH_WEIGHT = 0.7
 # Generation (``rules.generation``): a run whose steps are requests.

@@ -1,6 +1,6 @@
 """Requests, tokens and their latencies: the figures of a text-generation run.
 
-The store has one row per request (``collectors/generation.py`` says what a request is)
+The store has one row per request (``collectors/steps/generation.py`` says what a request is)
 and, in it, each forward after the prefill (``tokens``: position in the sequence, start
 offset from the request's start, seconds). From them:
 

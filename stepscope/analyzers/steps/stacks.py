@@ -1,7 +1,7 @@
 """Where an attached job's main thread spends its time, from Python stack samples.
 
 An attached process has no step timer and no trace, but py-spy's stack samples
-(``collectors/stack_sampler.py``) say what its main thread was doing at each tick.
+(``collectors/samplers/stack_sampler.py``) say what its main thread was doing at each tick.
 Each sample goes to one phase of a training step, by the frames on its stack:
 
 - ``data_loading``: inside the DataLoader's iterator, a ``__getitem__`` or a collate;
@@ -10,7 +10,15 @@ Each sample goes to one phase of a training step, by the frames on its stack:
 - ``backward``: under ``Tensor.backward`` / ``torch.autograd``;
 - ``optimizer``: under ``torch.optim`` (the step, its hooks, the LR scheduler);
 - ``forward``: under a module call (``Module._call_impl``) or a compiled frame;
+- ``idle``: the innermost frame waits for work: a server's ``select`` under
+  ``serve_forever``, an ``accept``, a queue's ``get``, a lock or event's ``wait``, an
+  event loop's poll (an inference server attached to between requests is idle, not
+  "elsewhere": 77 % of one such attach read as work done outside the model);
 - ``elsewhere``: anything else (logging, evaluation, checkpointing, sleeping).
+
+The shares the diagnosis reads (``stack_summary``) are of the busy samples, idle left
+out, with the idle share beside them: what a server does while it works is the question,
+not how often it is asked.
 
 Order matters where phases nest: data loading wins over everything (a collate calls
 tensor methods), and a sync line wins over the phase it sits in. Only the main threads
@@ -27,7 +35,7 @@ from typing import Any
 
 import pandas as pd
 
-CATEGORIES = ("data_loading", "forward", "backward", "optimizer", "sync", "elsewhere")
+CATEGORIES = ("data_loading", "forward", "backward", "optimizer", "sync", "elsewhere", "idle")
 LABELS = {
     "data_loading": "data loading",
     "forward": "forward",
@@ -35,6 +43,20 @@ LABELS = {
     "optimizer": "optimizer step",
     "sync": "host-device syncs",
     "elsewhere": "elsewhere",
+    "idle": "idle (waiting for work)",
+}
+# (file, function) of an innermost frame that waits for work; the function's last name
+# (py-spy writes qualified names: ``EpollSelector.select``, ``Condition.wait``)
+_IDLE_WAITS = {
+    ("selectors.py", "select"),
+    ("socketserver.py", "serve_forever"),
+    ("socket.py", "accept"),
+    ("queue.py", "get"),
+    ("threading.py", "wait"),
+    ("threading.py", "_wait_for_tstate_lock"),
+    ("base_events.py", "_run_once"),
+    ("connection.py", "wait"),
+    ("connection.py", "_poll"),
 }
 STEP_PHASES = ("data_loading", "forward", "backward", "optimizer", "sync")
 
@@ -86,6 +108,8 @@ def classify(frames: list[Frame]) -> str:
         fn.endswith(("__getitem__", "__getitems__")) or "collate" in fn for fn in funcs
     ):
         return "data_loading"
+    if frames and _is_idle(frames[-1]):
+        return "idle"
     innermost_own = next((f for f in reversed(frames) if not _is_library(f)), None)
     if frames and frames[-1] is innermost_own and _SYNC_CALL.search(_source_line(innermost_own)):
         return "sync"
@@ -106,6 +130,12 @@ def classify(frames: list[Frame]) -> str:
     ):
         return "forward"
     return "elsewhere"
+
+
+def _is_idle(frame: Frame) -> bool:
+    """The frame waits for work (``_IDLE_WAITS``)."""
+    name = frame.file.rsplit("/", 1)[-1]
+    return (name, frame.func.rsplit(".", 1)[-1]) in _IDLE_WAITS
 
 
 def site(frames: list[Frame]) -> str:
@@ -187,9 +217,13 @@ def stack_summary(samples: pd.DataFrame) -> dict[str, Any] | None:
     classified = classify_samples(samples)
     if classified.empty:
         return None
-    shares = phase_shares(classified)
+    counts = classified.groupby("category")["samples"].sum()
+    busy = classified[classified["category"] != "idle"]
+    shares = phase_shares(busy)  # of the busy samples: what the work is made of
     return {
-        "shares": dict(zip(shares["category"], shares["share"], strict=True)),
+        "shares": dict.fromkeys(CATEGORIES, 0.0)
+        | dict(zip(shares["category"], shares["share"], strict=True)),
+        "idle_share": float(counts.get("idle", 0) / counts.sum()),
         # DDP's all-reduce runs in C++ during backward: the stacks cannot show it apart
         "ddp": bool(classified["frames"].str.contains(_DDP_FILE, regex=False).any()),
         "samples": int(classified["samples"].sum()),

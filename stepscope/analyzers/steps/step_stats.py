@@ -23,7 +23,7 @@ Decisions, and why:
 * ``steps`` counts rows over all ranks, as the store does; ``steps_per_rank`` splits it.
 * **Workers.** A job that trains in processes it starts itself (hogwild:
   ``torch.multiprocessing`` workers sharing a model, no ranks) has one series of steps per
-  worker (``collectors/workers.py``). Each worker is a process as a rank is: warm-up per
+  worker (``collectors/facts/workers.py``). Each worker is a process as a rank is: warm-up per
   worker, rates per worker and summed, step times pooled; ``workers`` counts those that
   trained and ``steps_per_worker`` splits their steps.
 * **Outlier waits.** The data-wait share is a ratio of sums, so one long pause inside
@@ -45,7 +45,7 @@ Decisions, and why:
   and those stay in the share. A job that waits on every step, or on many, keeps its
   share. The step-time figures keep those steps: the job did spend that time.
 * **Phases** (``phases``): the mean seconds per step in data wait, forward, backward and
-  optimizer (the step timer's exclusive host times, ``collectors/step_accounting.py``)
+  optimizer (the step timer's exclusive host times, ``collectors/steps/step_accounting.py``)
   and "other" (the step minus those four, never below 0: the loop's own Python,
   ``.item()``, logging, a hand-written update), over the same timed steps as the
   step-time figures; each with its share of the mean step. The shares are over the sum

@@ -14,12 +14,14 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable, Sequence
 from itertools import compress, repeat
-from operator import eq, itemgetter
+from operator import attrgetter, eq, itemgetter
 from typing import Any
 
 import numpy as np
 import orjson
 import pandas as pd
+
+from stepscope.analyzers.trace.typed_events import NO_ARGS, Event, shape
 
 #: The normalised categories; anything else becomes 'other'.
 CATEGORIES = [
@@ -119,8 +121,24 @@ def stable_ids(values: Sequence) -> np.ndarray:
 #: of them, so each event dict is visited once instead of once per field.
 _CORE_FIELDS = ("cat", "name", "ts", "dur", "pid", "tid", "args")
 _CORE_DEFAULTS = (None, "", 0, 0, -1, -1, None)
-_MEMORY_FIELDS = ("Device Type", "Device Id", "Bytes", "Total Allocated", "Total Reserved")
-_MEMORY_DEFAULTS = (-1, -1, 0, -1, -1)
+_MEMORY_FIELDS = (
+    "Device Type",
+    "Device Id",
+    "Bytes",
+    "Total Allocated",
+    "Total Reserved",
+    "Addr",
+)
+_MEMORY_DEFAULTS = (-1, -1, 0, -1, -1, -1)
+#: the same fields of a typed event's args (``typed_events.Args``)
+_MEMORY_ATTRIBUTES = (
+    "device_type",
+    "device_id",
+    "nbytes",
+    "total_allocated",
+    "total_reserved",
+    "addr",
+)
 _DEVICE_CODES = [CATEGORIES.index(c) for c in DEVICE_CATEGORIES]
 #: Categories whose args are not read for 'correlation' (in Kineto only CUDA runtime /
 #: driver and device events carry one) or for 'External id' (Python tracer events carry
@@ -201,46 +219,102 @@ def _dicts(args: tuple) -> tuple:
     return tuple(a if isinstance(a, dict) else _EMPTY for a in args)
 
 
-def _arg_column(
-    args: Sequence[dict],
-    rows: np.ndarray | None,
-    key: str,
-    fallback: Callable[[Sequence[dict]], list],
-) -> np.ndarray:
-    """One int64 column from the args of ``rows`` (all events when None); others get -1.
-
-    ``key`` is tried on every selected event with a C-level itemgetter first (Kineto
-    writes it on all of them); ``fallback`` reads the selected args with defaults.
-    """
-    sub = args if rows is None else list(map(args.__getitem__, rows.tolist()))
-    try:
-        values = list(map(itemgetter(key), sub))
-    except KeyError:
-        values = fallback(sub)
-    if rows is None:
-        return _ints(values)
-    out = np.full(len(args), -1, dtype=np.int64)
-    out[rows] = _ints(values)
-    return out
-
-
 def _rows_except(codes: np.ndarray, skip: list[int]) -> np.ndarray | None:
     """Rows whose category is not in ``skip``; None (meaning every row) when that is all."""
     keep = ~np.isin(codes, skip)
     return None if keep.all() else np.flatnonzero(keep)
 
 
-def _correlations(args: Sequence[dict]) -> list:
-    return [a.get("correlation", -1) for a in args]
+def _spread(values: list, rows: np.ndarray | None, n: int, convert: Callable) -> np.ndarray:
+    """``values`` of ``rows`` (all when None) into a column of ``n``; others get -1."""
+    if rows is None:
+        return convert(values)
+    out = np.full(n, -1, dtype=np.int64)
+    out[rows] = convert(values)
+    return out
 
 
-def _externals(args: Sequence[dict]) -> list:
-    # old (tb-profiler era) traces spell it in lower case
-    return [a["External id"] if "External id" in a else a.get("external id", -1) for a in args]
+class DictArgs:
+    """The ``args`` of events parsed as dicts (orjson): the reading of any trace."""
+
+    def __init__(self, args: tuple) -> None:
+        self.args = _dicts(args)
+
+    def pick(self, rows: np.ndarray | None) -> Sequence[dict]:
+        return self.args if rows is None else list(map(self.args.__getitem__, rows.tolist()))
+
+    def ints(self, rows: np.ndarray | None, key: str) -> np.ndarray:
+        """One int64 column of ``key`` from the args of ``rows`` (all when None); -1
+        elsewhere and where absent. A C-level itemgetter first (Kineto writes the key on
+        every event of the categories asked), ``.get`` with the default where it is not."""
+        sub = self.pick(rows)
+        try:
+            values = list(map(itemgetter(key), sub))
+        except KeyError:
+            values = [a.get(key, -1) for a in sub]
+        return _spread(values, rows, len(self.args), _ints)
+
+    def externals(self, rows: np.ndarray | None) -> np.ndarray:
+        sub = self.pick(rows)
+        try:
+            values = list(map(itemgetter("External id"), sub))
+        except KeyError:  # old (tb-profiler era) traces spell it in lower case
+            values = [
+                a["External id"] if "External id" in a else a.get("external id", -1) for a in sub
+            ]
+        return _spread(values, rows, len(self.args), _ints)
+
+    def device_fields(self, rows: np.ndarray) -> tuple[list, list, list, list]:
+        """stream, device, blocks per SM, occupancy of the device events ``rows``."""
+        sub = self.pick(rows)
+        return (
+            [a.get("stream", -1) for a in sub],
+            [a.get("device", -1) for a in sub],
+            [a.get("blocks per SM", np.nan) for a in sub],
+            [a.get("est. achieved occupancy %", np.nan) for a in sub],
+        )
+
+    def op_fields(self, rows: np.ndarray) -> tuple[list, list, list, list]:
+        """Input Dims, Input type, Concrete Inputs (None where absent), Sequence number."""
+        sub = self.pick(rows)
+        return tuple(list(map(dict.get, sub, repeat(k))) for k in _OP_ARG_FIELDS)  # type: ignore[return-value]
+
+
+class TypedArgs:
+    """The ``args`` of events decoded as typed records (``typed_events``)."""
+
+    def __init__(self, args: tuple) -> None:
+        self.args = tuple(NO_ARGS if a is None else a for a in args)
+
+    def pick(self, rows: np.ndarray | None) -> Sequence[Any]:
+        return self.args if rows is None else list(map(self.args.__getitem__, rows.tolist()))
+
+    def ints(self, rows: np.ndarray | None, key: str) -> np.ndarray:
+        values = list(map(attrgetter(key), self.pick(rows)))
+        return _spread(values, rows, len(self.args), _ints)
+
+    def externals(self, rows: np.ndarray | None) -> np.ndarray:
+        values = [a.external() for a in self.pick(rows)]
+        return _spread(values, rows, len(self.args), _ints)
+
+    def device_fields(self, rows: np.ndarray) -> tuple[list, list, list, list]:
+        sub = self.pick(rows)
+        get = attrgetter("stream", "device", "blocks_per_sm", "occupancy")
+        columns = tuple(map(list, zip(*map(get, sub), strict=True)))
+        return columns if columns else ([], [], [], [])  # type: ignore[return-value]
+
+    def op_fields(self, rows: np.ndarray) -> tuple[list, list, list, list]:
+        sub = self.pick(rows)
+        return (
+            [shape(a.input_dims) for a in sub],
+            [shape(a.input_type) for a in sub],
+            [shape(a.concrete_inputs) for a in sub],
+            [a.sequence_number for a in sub],
+        )
 
 
 def op_args(
-    args: Sequence[dict],
+    args: DictArgs | TypedArgs,
     cat: pd.Categorical,
     names: pd.Categorical,
     keep: Callable[[Any], bool] | None,
@@ -264,9 +338,7 @@ def op_args(
         wanted = np.fromiter(map(keep, names.categories), dtype=bool, count=len(names.categories))
         codes = names.codes
         rows = np.flatnonzero(wanted[codes] & (codes >= 0) & (cat.codes == _CPU_OP))
-    sub = list(map(args.__getitem__, rows.tolist()))
-    dims, types, concrete, seq = (list(map(dict.get, sub, repeat(k))) for k in _OP_ARG_FIELDS)
-    del sub
+    dims, types, concrete, seq = args.op_fields(rows)
     name = map(list(names.categories).__getitem__, names.codes[rows].tolist())
     # Nothing kept may point into the parsed JSON, nor be one of many small new objects:
     # each survivor pins the 256 kB arena it sits in after the parsed JSON is freed (on
@@ -295,9 +367,14 @@ def complete_events(
     dict lookups on host-heavy traces.
     """
     n = len(xs)
-    cat_raw, name_raw, ts_raw, dur_raw, pid_raw, tid_raw, args = _columns(
-        xs, _CORE_FIELDS, _CORE_DEFAULTS
-    )
+    typed = type(xs[0]) is Event
+    if typed:
+        get = attrgetter(*_CORE_FIELDS)
+        fields = tuple(zip(*map(get, xs), strict=True))
+    else:
+        fields = _columns(xs, _CORE_FIELDS, _CORE_DEFAULTS)
+    cat_raw, name_raw, ts_raw, dur_raw, pid_raw, tid_raw, raw_args = fields
+    del fields
     cat = _categories(cat_raw)
     names = _names(name_raw)
     ts = us_to_ns(ts_raw)
@@ -305,13 +382,12 @@ def complete_events(
     pid = stable_ids(pid_raw)
     tid = stable_ids(tid_raw)
     del cat_raw, name_raw, ts_raw, dur_raw, pid_raw, tid_raw
-    args = _dicts(args)
+    args = TypedArgs(raw_args) if typed else DictArgs(raw_args)
+    del raw_args
 
     codes = cat.codes
-    correlation = _arg_column(
-        args, _rows_except(codes, _NO_CORRELATION), "correlation", _correlations
-    )
-    external = _arg_column(args, _rows_except(codes, _NO_EXTERNAL), "External id", _externals)
+    correlation = args.ints(_rows_except(codes, _NO_CORRELATION), "correlation")
+    external = args.externals(_rows_except(codes, _NO_EXTERNAL))
 
     on_device = np.isin(codes, _DEVICE_CODES)
     dev = np.flatnonzero(on_device)
@@ -320,12 +396,12 @@ def complete_events(
     bps = np.full(n, np.nan, dtype=np.float32)
     occ = np.full(n, np.nan, dtype=np.float32)
     if len(dev):
-        dargs = list(map(args.__getitem__, dev.tolist()))
-        stream[dev] = _ints([a.get("stream", -1) for a in dargs])
-        device[dev] = _ints([a.get("device", -1) for a in dargs])
-        bps[dev] = _floats([a.get("blocks per SM", np.nan) for a in dargs])
-        occ[dev] = _floats([a.get("est. achieved occupancy %", np.nan) for a in dargs])
-        del dargs
+        streams, devices, blocks, occupancy = args.device_fields(dev)
+        stream[dev] = _ints(streams)
+        device[dev] = _ints(devices)
+        bps[dev] = _floats(blocks)
+        occ[dev] = _floats(occupancy)
+        del streams, devices, blocks, occupancy
 
     order = np.lexsort((-dur, ts))
     position = np.empty(n, dtype=np.int64)
@@ -356,13 +432,17 @@ def complete_events(
     return events, kept
 
 
-def memory_events(mem: list[dict], rank: int) -> pd.DataFrame:
+def memory_events(mem: list, rank: int) -> pd.DataFrame:
     """'[memory]' instants; totals absent in old traces are -1 (use the cumulative bytes)."""
-    ts_raw, args = _columns(mem, ("ts", "args"), (0, None))
-    args = _dicts(args)
-    dev_type, dev_id, nbytes, total_alloc, total_res = _columns(
-        args, _MEMORY_FIELDS, _MEMORY_DEFAULTS
-    )
+    if mem and type(mem[0]) is Event:
+        ts_raw = tuple(e.ts for e in mem)
+        tid = tuple(e.tid for e in mem)
+        get = attrgetter(*_MEMORY_ATTRIBUTES)
+        columns = tuple(zip(*(get(e.args or NO_ARGS) for e in mem), strict=True))
+    else:
+        ts_raw, tid, args = _columns(mem, ("ts", "tid", "args"), (0, -1, None))
+        columns = _columns(_dicts(args), _MEMORY_FIELDS, _MEMORY_DEFAULTS)
+    dev_type, dev_id, nbytes, total_alloc, total_res, addr = columns or ((),) * 6
     df = pd.DataFrame(
         {
             "rank": np.full(len(mem), rank, dtype=np.int16),
@@ -372,23 +452,35 @@ def memory_events(mem: list[dict], rank: int) -> pd.DataFrame:
             "bytes": _ints(nbytes, default=0),
             "total_allocated": _ints(total_alloc),
             "total_reserved": _ints(total_res),
+            # the block's address and the thread that asked: which allocations are
+            # live at the peak, and inside which module (analyzers/trace/memory_peak.py)
+            "addr": _ints(addr),
+            "tid": _ints(tid),
         }
     )
     return df.sort_values("ts", kind="stable", ignore_index=True)
 
 
-def split_events(events: list) -> tuple[list[dict], list[dict]]:
-    """The complete ('X') events and the '[memory]' instants, in file order.
+def split_events(events: list) -> tuple[list, list]:
+    """The complete ('X') events and the '[memory]' instants, in file order (dicts, or
+    ``typed_events.Event`` records).
 
     'ph' is read once per event (C-level itemgetter) and both selections are C-level
     ``compress`` passes, instead of two Python-level scans calling ``.get``.
     """
-    try:
-        phs = list(map(itemgetter("ph"), events))
-    except (KeyError, TypeError):
-        phs = [e.get("ph") if isinstance(e, dict) else None for e in events]
+    typed = bool(events) and type(events[0]) is Event
+    if typed:
+        phs = list(map(attrgetter("ph"), events))
+    else:
+        try:
+            phs = list(map(itemgetter("ph"), events))
+        except (KeyError, TypeError):
+            phs = [e.get("ph") if isinstance(e, dict) else None for e in events]
     xs = list(compress(events, map(eq, phs, repeat("X"))))
     instants = compress(events, map(eq, phs, repeat("i")))
     del phs
-    mem = [e for e in instants if e.get("name") == "[memory]"]
+    if typed:
+        mem = [e for e in instants if e.name == "[memory]"]
+    else:
+        mem = [e for e in instants if e.get("name") == "[memory]"]
     return xs, mem

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import gzip
 import re
-import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -38,6 +36,8 @@ from pandas.api.types import union_categoricals
 from stepscope.analyzers.trace import pieces
 from stepscope.analyzers.trace.columns import complete_events, memory_events, split_events
 from stepscope.analyzers.trace.flop_ops import keeps_op_args
+from stepscope.analyzers.trace.typed_events import decode_document
+from stepscope.store import bounded_read
 from stepscope.store.artifacts import s3_error, s3_filesystem
 
 _STEP_PREFIX = "ProfilerStep#"
@@ -138,28 +138,31 @@ def read_bytes(source: Path | str) -> bytes:
 
 
 def read_json(path: Path | str) -> Any:
-    """Decompress into one bytes object and parse it with orjson, with one-line errors.
+    """Decompress into one buffer and parse it with orjson, with one-line errors.
 
-    Reading the whole file and decompressing in one call is the fastest path and costs
-    the decompressed size once; the bytes are released as soon as orjson is done.
+    Reading the whole file and parsing it in one call is the fastest path and costs
+    the decompressed size once; the buffer is released as soon as orjson is done.
     """
     return parse_json(path, read_text(path))
 
 
-def read_text(path: Path | str) -> bytes:
-    """The file's JSON text, decompressed; one-line errors for what cannot be read."""
-    data = read_bytes(path)
-    if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (EOFError, OSError, zlib.error) as exc:
-            raise TraceError(f"{path}: truncated or corrupt gzip ({exc})") from None
+def read_text(path: Path | str) -> bytes | bytearray:
+    """The file's JSON text, decompressed a piece at a time up to the cap on a trace's
+    JSON (``store/bounded_read.py``: ``$STEPSCOPE_MAX_TRACE_BYTES``, 4 GiB by default);
+    one-line errors for what cannot be read and for a file over the cap."""
+    try:
+        if is_s3(path):
+            data = bounded_read.capped_bytes(path, read_bytes(path))
+        else:
+            data = bounded_read.read_capped(path)
+    except bounded_read.ReadError as exc:
+        raise TraceError(str(exc)) from None
     if not data[:4096].strip() and not data.strip():
         raise TraceError(f"{path}: empty file")
     return data
 
 
-def parse_json(path: Path | str, data: bytes) -> Any:
+def parse_json(path: Path | str, data: bytes | bytearray) -> Any:
     """``orjson.loads`` with the one-line errors (and the bare N/A some Kineto writes)."""
     try:
         return orjson.loads(data)
@@ -174,7 +177,7 @@ def parse_json(path: Path | str, data: bytes) -> Any:
         raise TraceError(f"{path}: {problem} ({exc})") from None
 
 
-def _looks_truncated(data: bytes, exc: orjson.JSONDecodeError) -> bool:
+def _looks_truncated(data: bytes | bytearray, exc: orjson.JSONDecodeError) -> bool:
     starts_like_json = data.lstrip()[:1] in (b"{", b"[")
     return starts_like_json and exc.pos >= len(data.rstrip()) - 1
 
@@ -248,7 +251,7 @@ def _rank_of(meta: dict, index: int) -> int:
 
 
 def _columns_in_pieces(
-    path: Path, data: bytes, index: int
+    path: Path, data: bytes | bytearray, index: int
 ) -> tuple[int, pd.DataFrame, pd.DataFrame, pd.DataFrame, dict]:
     """``_load_one``'s columns, built piece by piece (``pieces.py``), then put in the
     order one piece would have had: events by (ts, -dur), stably, so ties keep file
@@ -292,10 +295,14 @@ def _load_one(path: Path, index: int) -> tuple[int, pd.DataFrame, pd.DataFrame, 
         with contextlib.suppress(pieces.NoCut):
             loaded = _columns_in_pieces(path, data, index)
     if loaded is None:  # inline, so that each big object is freed as soon as it is used
-        doc = parse_json(path, data)
-        del data
-        events, meta = _event_list(path, doc)
-        del doc
+        typed = decode_document(data)  # records, not dicts: most traces (typed_events.py)
+        if typed is not None:
+            meta, events = typed
+        else:  # read the dict way: tolerant of odd traces, one-line errors for bad ones
+            doc = parse_json(path, data)
+            events, meta = _event_list(path, doc)
+            del doc
+        del data, typed
         xs, mem = split_events(events)
         del events
         if not xs:

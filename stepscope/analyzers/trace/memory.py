@@ -10,12 +10,13 @@ state...), which the trace alone cannot tell.
 
 from __future__ import annotations
 
-import gzip
 from pathlib import Path
 
 import numpy as np
 import orjson
 import pandas as pd
+
+from stepscope.store import bounded_read
 
 __all__ = [
     "ACTIONS",
@@ -203,17 +204,27 @@ def load_memory_timeline(path: str | Path) -> pd.DataFrame:
     (code), category_name.
     """
     path = Path(path)
-    data = path.read_bytes()
-    if data[:2] == b"\x1f\x8b":
-        data = gzip.decompress(data)
+    data = bounded_read.read_capped(path)  # a ReadError (a ValueError) says why, in one line
     try:
         rows = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise ValueError(f"{path}: not a JSON memory timeline ({exc})") from None
     if not isinstance(rows, list) or (rows and not isinstance(rows[0], list)):
         raise ValueError(f"{path}: not a raw memory timeline (expected rows of 4 numbers)")
-    arr = np.asarray(rows, dtype=np.int64).reshape(-1, 4)
+    try:
+        arr = np.asarray(rows, dtype=np.int64).reshape(-1, 4)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(
+            f"{path}: not a raw memory timeline (expected rows of 4 numbers)"
+        ) from None
     cat = arr[:, 3]
+    bad = (cat < 0) | (cat >= len(TIMELINE_CATEGORIES)) | ~np.isin(arr[:, 1], list(ACTIONS))
+    if bad.any():  # another torch's categories or actions: not read as if they were ours
+        row = arr[int(np.flatnonzero(bad)[0])].tolist()
+        raise ValueError(
+            f"{path}: a memory timeline row this torch does not know ({row}): "
+            "from another torch version?"
+        )
     return pd.DataFrame(
         {
             "ts": arr[:, 0],

@@ -23,6 +23,8 @@ from typing import Any
 
 import orjson
 
+from stepscope.analyzers.trace.typed_events import decode_events
+
 #: Files smaller than this are parsed whole (one call is fastest, and their dicts fit).
 MIN_BYTES = 64 << 20
 #: About this much JSON text per piece.
@@ -37,7 +39,7 @@ class NoCut(ValueError):
     """The file cannot be cut safely: parse it whole."""
 
 
-def _array_end(data: bytes, open_at: int) -> tuple[int, dict[str, Any]]:
+def _array_end(data: bytes | bytearray, open_at: int) -> tuple[int, dict[str, Any]]:
     """The index of the ``]`` closing the event array, and the document without its
     events (``traceEvents`` then holds ``[]``): the one candidate that parses."""
     head = data[:open_at]
@@ -55,8 +57,9 @@ def _array_end(data: bytes, open_at: int) -> tuple[int, dict[str, Any]]:
     raise NoCut("no end of the event array found")
 
 
-def event_pieces(data: bytes) -> tuple[dict[str, Any], Iterator[list]]:
-    """The document without its events, and the events piece by piece (lists of dicts).
+def event_pieces(data: bytes | bytearray) -> tuple[dict[str, Any], Iterator[list]]:
+    """The document without its events, and the events piece by piece (lists of
+    ``typed_events.Event`` records, or of dicts for a piece that does not fit them).
 
     Raises ``NoCut`` where the layout gives no safe cut; the iterator raises it for a
     piece that does not parse (the caller then parses the file whole).
@@ -74,17 +77,21 @@ def event_pieces(data: bytes) -> tuple[dict[str, Any], Iterator[list]]:
     return doc, _pieces(data, first, close, sep)
 
 
-def _pieces(data: bytes, start: int, close: int, sep: bytes) -> Iterator[list]:
+def _pieces(data: bytes | bytearray, start: int, close: int, sep: bytes) -> Iterator[list]:
     while start < close:
         cut = data.find(sep, min(start + CHUNK_BYTES, close), close)
         end = close if cut < 0 else cut + 1
         text = data[start:end].rstrip()
         if text.endswith(b","):
             text = text[:-1]
-        try:
-            events = orjson.loads(b"[" + text + b"]")
-        except orjson.JSONDecodeError as exc:
-            raise NoCut(f"a piece does not parse ({exc})") from None
+        piece = b"[" + text + b"]"
         del text
+        events = decode_events(piece)  # typed records; dicts where a piece does not fit
+        if events is None:
+            try:
+                events = orjson.loads(piece)
+            except orjson.JSONDecodeError as exc:
+                raise NoCut(f"a piece does not parse ({exc})") from None
+        del piece
         yield events
         start = end

@@ -35,7 +35,8 @@ from stepscope.app.cli.findings_output import print_findings
 from stepscope.app.cli.term import esc
 from stepscope.app.formats import fmt_pct
 from stepscope.store import RunNotFound, RunStore, StoreError
-from stepscope.store.artifacts import ArtifactError, kind_files, local_copy
+from stepscope.store.artifact_paths import allowed_object
+from stepscope.store.artifacts import ArtifactError, artifact_location, kind_files, local_copy
 from stepscope.store.store import default_home
 
 
@@ -65,8 +66,10 @@ def resolve_paths(paths: Sequence[str], remote: bool = False) -> tuple[list[Path
             with RunStore() as store:
                 run_id = store.resolve_run(p)
                 arts = store.artifacts(run_id)
-        except (RunNotFound, StoreError):
+        except RunNotFound:
             raise _InputError(f"{p}: no such file, folder or run") from None
+        except StoreError as exc:  # not a file, and the runs cannot be read to tell
+            raise _InputError(f"{p}: no such file or folder; as a run: {exc}") from None
         runs.append(run_id)
         try:  # an uploaded trace is read from the artifact cache (store/artifacts.py)
             out.extend(_remote_traces(arts) if remote else kind_files(arts, default_home()))
@@ -81,10 +84,14 @@ def _remote_traces(arts: Any) -> list[Path | str]:
     if arts is None or len(arts) == 0:
         return []
     out: list[Path | str] = []
+    location = artifact_location()
     for row in arts[arts["kind"] == "trace"].itertuples():
-        path = str(row.path)
+        path, run_id = str(row.path), int(row.run_id)
         local = (getattr(row, "meta", None) or {}).get("local_path")
-        out.append(path if is_s3(path) else local_copy(path, default_home(), local))
+        if is_s3(path):  # read by the task, but only where the run's objects are written
+            out.append(allowed_object(path, run_id, location))
+        else:
+            out.append(local_copy(path, default_home(), local, run_id=run_id))
     return out
 
 

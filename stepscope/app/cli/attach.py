@@ -21,8 +21,8 @@ from stepscope.app.cli import term
 from stepscope.app.cli.findings_output import print_findings
 from stepscope.app.cli.term import esc
 from stepscope.app.formats import fmt_bytes, fmt_pct
-from stepscope.collectors.attach import AttachError, attach
-from stepscope.collectors.process_list import candidates
+from stepscope.collectors.attach.attach import AttachError, attach
+from stepscope.collectors.attach.process_list import candidates
 from stepscope.store import RunStore
 
 

@@ -1,11 +1,14 @@
 """`stepscope check RUN --against BASELINE`: a pass/fail answer a CI job can gate on.
 
-The decision is ``optim_runner/perf_check.py``'s (the API returns the same
+The decision is ``optim_runner/check/perf_check.py``'s (the API returns the same
 ``CheckResult``); this module only says it: for a terminal (rich), as Markdown a CI job
 posts as its summary (``$GITHUB_STEP_SUMMARY``), as JSON, and as a JUnit XML report
 (``--junit``), which CI systems show beside the test suite's own. Exit codes are the
-contract a pipeline reads: 0 not measurably slower, 1 slower, 2 cannot tell (an unknown
-run or tag, runs without timed steps, a bad option), each failure with one line.
+contract a pipeline reads: 0 not measurably slower, 1 slower (or an unknown run or tag,
+as for every command that takes a run: ``exit_codes.py``), 2 cannot tell (runs without
+timed steps, a bad option), each failure with one line; an inconclusive check (time it
+could not judge without run-to-run spread) exits 0 with a warning line on stderr, or 3
+with ``--inconclusive fail``.
 """
 
 from __future__ import annotations
@@ -16,11 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from stepscope.app.cli import term
+from stepscope.app.cli.exit_codes import EXIT_UNKNOWN_RUN
 from stepscope.app.cli.term import esc, print_json, say
 from stepscope.app.formats import fmt_ci, fmt_num, fmt_ratio, fmt_s, fmt_signed_s, missing
-from stepscope.optim_runner.perf_check import (
+from stepscope.optim_runner.check.over_runs import parse_runs
+from stepscope.optim_runner.check.perf_check import (
     CANNOT_COMPARE,
     FASTER,
+    INCONCLUSIVE,
     SLOWER,
     CheckResult,
     Figure,
@@ -36,6 +42,7 @@ _PHRASE = {
     SLOWER: "is slower than",
     FASTER: "is faster than",
     CANNOT_COMPARE: "cannot be compared with",
+    INCONCLUSIVE: "cannot be judged yet against",
 }
 
 
@@ -46,17 +53,26 @@ def cmd_check(
     fmt: str = "text",
     junit: str | None = None,
     operators: bool = True,
-    runs: int = 1,
+    runs: int | str = "auto",
+    inconclusive: str = "pass",
 ) -> int:
+    option = "--max-slowdown"
     try:  # before the store is opened: a typo is told at once
-        parse_slowdown(max_slowdown)
+        allowed = parse_slowdown(max_slowdown)  # parsed here only: check_runs takes the fraction
+        option = "--runs"
+        parse_runs(runs)
     except ValueError as exc:
-        print(f"stepscope check: --max-slowdown: {exc}", file=sys.stderr)
+        print(f"stepscope check: {option}: {exc}", file=sys.stderr)
         return 2
     try:
         with RunStore() as store:
-            result = check_runs(store, run, against, max_slowdown, operators=operators, runs=runs)
-    except (RunNotFound, StoreError, ValueError) as exc:
+            result = check_runs(
+                store, run, against, allowed, operators, runs, inconclusive=inconclusive
+            )
+    except RunNotFound as exc:  # as for every command that takes a run
+        print(f"stepscope check: {exc}", file=sys.stderr)
+        return EXIT_UNKNOWN_RUN
+    except (StoreError, ValueError) as exc:
         print(f"stepscope check: {exc}", file=sys.stderr)
         return 2
     if junit is not None:
@@ -76,6 +92,9 @@ def cmd_check(
     # the summary goes to its file, and "cannot compare" is one line, as other errors are
     if fmt != "text" or result.verdict == CANNOT_COMPARE:
         print(line, file=sys.stderr)
+    if result.verdict == INCONCLUSIVE:  # a pass that must not look like one in a CI log
+        how = "failing (--inconclusive fail)" if result.inconclusive_fails else "passing"
+        print(f"stepscope check: warning: inconclusive, {how}: {result.why}", file=sys.stderr)
     return result.exit_code
 
 
@@ -166,6 +185,8 @@ def limit_text(result: CheckResult) -> str:
 def print_text(result: CheckResult) -> None:
     con = term.console()
     mark = "[green]✓[/green]" if result.passed else "[red]✗[/red]"
+    if result.verdict == INCONCLUSIVE:
+        mark = "[yellow]?[/yellow]" if result.passed else "[red]?[/red]"
     con.print(f"{mark} {esc(subject(result))}", highlight=False)
     say(con, f"  {result.why}")
     if result.figures:
@@ -211,6 +232,8 @@ def markdown(result: CheckResult) -> str:
     """GitHub-flavoured Markdown: a header with ✅/❌ (the step's outcome), the figures
     with their intervals, the operators that regressed, the notes."""
     mark = "✅" if result.passed else "❌"
+    if result.verdict == INCONCLUSIVE:
+        mark = "⚠️" if result.passed else "❌"
     lines = [
         f"### {mark} stepscope check: {_cell(subject(result, quote='`'))}",
         "",
@@ -243,7 +266,7 @@ def junit_tree(result: CheckResult) -> ET.ElementTree:
         ("max_slowdown", result.max_slowdown),
     ):
         ET.SubElement(props, "property", name=key, value=str(value))
-    failures = errors = 0
+    failures = errors = skipped = 0
     if result.verdict == CANNOT_COMPARE:
         case = ET.SubElement(suite, "testcase", classname=SUITE, name="compare")
         ET.SubElement(case, "error", message=result.why, type=CANNOT_COMPARE).text = result.why
@@ -256,9 +279,12 @@ def junit_tree(result: CheckResult) -> ET.ElementTree:
             f"(95 % CI {interval_text(figure)}); time change {time_change_text(figure)}; "
             f"allowed slowdown {result.max_slowdown * 100:g} %"
         )
-        if figure.verdict == SLOWER:
+        if figure.verdict == SLOWER or (figure.verdict == INCONCLUSIVE and not result.passed):
             failures += 1
-            ET.SubElement(case, "failure", message=text, type=SLOWER).text = result.why
+            ET.SubElement(case, "failure", message=text, type=figure.verdict).text = result.why
+        elif figure.verdict == INCONCLUSIVE:
+            skipped += 1
+            ET.SubElement(case, "skipped", message=f"{INCONCLUSIVE}: {text}").text = result.why
         else:
             ET.SubElement(case, "system-out").text = f"{figure.verdict}: {text}"
     tests = max(len(result.figures), 1 if errors else 0)
@@ -266,7 +292,7 @@ def junit_tree(result: CheckResult) -> ET.ElementTree:
         node.set("tests", str(tests))
         node.set("failures", str(failures))
         node.set("errors", str(errors))
-    suite.set("skipped", "0")
+    suite.set("skipped", str(skipped))
     if result.notes:
         ET.SubElement(suite, "system-out").text = "\n".join(result.notes)
     ET.indent(root)

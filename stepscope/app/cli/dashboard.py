@@ -20,18 +20,45 @@ dashboard should also ask people to sign in (``--require-login``, Streamlit's OI
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from stepscope.store.store import default_home
+from stepscope.store.url import redacted
 
 ENTRY = Path(__file__).resolve().parents[1] / "dashboard" / "main.py"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 #: set for the dashboard's process: sign-in is required before any page shows
 ENV_REQUIRE_LOGIN = "STEPSCOPE_REQUIRE_LOGIN"
+#: set for the dashboard's process: who may sign in (comma-separated e-mails, @domains, *)
+ENV_ALLOW_USERS = "STEPSCOPE_ALLOW_USERS"
+#: set for the dashboard's process: actions stay on although it listens beyond loopback
+ENV_ALLOW_ACTIONS = "STEPSCOPE_ALLOW_ACTIONS"
+
+
+@dataclass(frozen=True)
+class Access:
+    """Who may reach the dashboard and what they may do there (``--allow-remote``,
+    ``--require-login``, ``--allow-users``, ``--allow-actions``)."""
+
+    host: str = "127.0.0.1"
+    allow_remote: bool = False
+    require_login: bool = False
+    allow_users: str | None = None
+    allow_actions: bool = False
+
+    def env(self) -> dict[str, str]:
+        """The variables that tell the dashboard's process these settings."""
+        out = {}
+        if self.require_login:
+            out[ENV_REQUIRE_LOGIN] = "1"
+            out[ENV_ALLOW_USERS] = ",".join(allowed_users(self.allow_users or ""))
+        if self.allow_actions:
+            out[ENV_ALLOW_ACTIONS] = "1"
+        return out
 
 
 def bind_refusal(host: str, allow_remote: bool) -> str | None:
@@ -44,9 +71,49 @@ def bind_refusal(host: str, allow_remote: bool) -> str | None:
     )
 
 
-def redacted(url: str) -> str:
-    """A database URL fit to print: its password replaced by ***."""
-    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
+def access_refusal(access: Access) -> str | None:
+    """Why the dashboard must not start with these settings; None when it may.
+
+    Sign-in says who a visitor is, never whether they may come in: ``--require-login``
+    needs ``--allow-users`` (``*`` says every account the provider signs in, on purpose).
+    Actions on a dashboard others can reach need both: then whoever clicks is known.
+    """
+    refused = bind_refusal(access.host, access.allow_remote)
+    if refused is not None:
+        return refused
+    if access.allow_users is not None and not access.require_login:
+        return "--allow-users needs --require-login: without sign-in nobody says who they are"
+    if access.require_login:
+        if not access.allow_users:
+            return (
+                "--require-login needs --allow-users (e-mails, @domain, or '*' for every "
+                "account the sign-in provider accepts): sign-in alone lets anyone in"
+            )
+        try:
+            allowed_users(access.allow_users)
+        except ValueError as exc:
+            return f"--allow-users: {exc}"
+    if access.allow_actions and not access.require_login:
+        return (
+            "--allow-actions needs --require-login and --allow-users: actions start and stop "
+            "processes as you, so whoever clicks must have signed in"
+        )
+    return None
+
+
+def allowed_users(text: str) -> list[str]:
+    """``--allow-users``'s entries, lower-cased: ``name@domain``, ``@domain`` or ``*``.
+    Raises ValueError naming the first entry that is none of these."""
+    entries = [e.strip().lower() for e in text.split(",") if e.strip()]
+    if not entries:
+        raise ValueError("no e-mail, @domain or '*' given")
+    for entry in entries:
+        if entry == "*":
+            continue
+        local, at, domain = entry.rpartition("@")
+        if not at or "." not in domain or " " in entry or "@" in local:
+            raise ValueError(f"{entry!r} is not an e-mail, an @domain or '*'")
+    return entries
 
 
 def streamlit_command(host: str, port: int) -> list[str]:
@@ -80,30 +147,27 @@ def dashboard_url(host: str, port: int) -> str:
     return f"http://{shown}:{port}/"
 
 
-def cmd_dashboard(
-    host: str,
-    port: int,
-    *,
-    allow_remote: bool = False,
-    store: str | None = None,
-    require_login: bool = False,
-) -> int:
+def cmd_dashboard(access: Access, port: int, *, store: str | None = None) -> int:
     """Run the dashboard until Ctrl-C (exit 0) or until Streamlit exits (its exit code).
 
     ``store``: a database URL for the dashboard's process (else $STEPSCOPE_STORE, else
     the SQLite store in the home folder). SIGTERM (a service manager, a test) is passed
     on to Streamlit too: dying alone would leave it serving with nobody to stop it.
     """
-    refused = bind_refusal(host, allow_remote)
+    host, require_login = access.host, access.require_login
+    refused = access_refusal(access)
     if refused is not None:  # before Streamlit starts: nothing listens, even briefly
         print(f"stepscope: {refused}", file=sys.stderr)
         return 2
-    env = dict(os.environ)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in (ENV_REQUIRE_LOGIN, ENV_ALLOW_USERS, ENV_ALLOW_ACTIONS)
+    }
     env["STEPSCOPE_HOME"] = str(default_home())
     if store:
         env["STEPSCOPE_STORE"] = store
-    if require_login:
-        env[ENV_REQUIRE_LOGIN] = "1"
+    env.update(access.env())
     shown_store = redacted(env["STEPSCOPE_STORE"]) if env.get("STEPSCOPE_STORE") else None
     # command-line options outrank any .streamlit/config.toml, so these hold everywhere
     proc = subprocess.Popen(streamlit_command(host, port), env=env)
@@ -116,7 +180,13 @@ def cmd_dashboard(
     if host not in LOOPBACK:
         print(
             f"stepscope: warning: listening on {host}: anyone who can reach this port sees "
-            "the runs" + ("" if require_login else " (add --require-login to make them sign in)"),
+            "the runs"
+            + (
+                f" once signed in as one of {access.allow_users}"
+                if require_login
+                else " (add --require-login --allow-users to make them sign in)"
+            )
+            + ("; actions are on" if access.allow_actions else "; actions are off"),
             file=sys.stderr,
         )
     try:

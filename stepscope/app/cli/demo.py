@@ -18,14 +18,19 @@ from typing import Any
 
 import stepscope
 from stepscope.analyzers.rules.diagnosis import diagnose_run
-from stepscope.app.cli.dashboard import cmd_dashboard, dashboard_url
-from stepscope.app.cli.optimize import ProgressView, render
+from stepscope.app.cli.dashboard import Access, cmd_dashboard, dashboard_url
+from stepscope.app.cli.experiment_follow import ProgressView
+from stepscope.app.cli.optimize import render
 from stepscope.app.cli.term import console as make_console
 from stepscope.app.cli.term import esc
 from stepscope.app.formats import fmt_pct
-from stepscope.collectors.launcher import launch_run
-from stepscope.optim_runner.arm_changes import explain_result
-from stepscope.optim_runner.experiment import ExperimentError, run_experiment
+from stepscope.collectors.launch.launcher import launch_run
+from stepscope.optim_runner.experiment.experiment import (
+    ExperimentError,
+    ExperimentOptions,
+    run_experiment,
+)
+from stepscope.optim_runner.verdict.arm_changes import explain_result
 from stepscope.store import RunStore
 
 MARKER = ".stepscope-demo"
@@ -103,19 +108,20 @@ def run_demo(home: Path, steps: int, trials: int, console: Any) -> tuple[int, in
             f"{trials} trials each"
         )
         with ProgressView(console, run_id) as view:
-            result = run_experiment(store, run_id, steps=steps, trials=trials, progress=view.update)
+            result = run_experiment(
+                store, run_id, ExperimentOptions(steps=steps, trials=trials), view.update
+            )
         render(result, console, changes=explain_result(store, result))
     return run_id, int(result["experiment_id"])
 
 
 def cmd_demo(
     home: str | None,
-    host: str,
+    access: Access,
     port: int,
     steps: int,
     trials: int,
     dashboard: bool,
-    allow_remote: bool = False,
 ) -> int:
     console = make_console()
     try:
@@ -133,9 +139,9 @@ def cmd_demo(
             f"store: {esc(root)} — `stepscope --home {esc(root)} dashboard` to look at it"
         )
         return 0
-    base = dashboard_url(host, port).rstrip("/")
+    base = dashboard_url(access.host, port).rstrip("/")
     console.print(
         f"[bold]open[/] {esc(base)}/optimize?run={run_id}&experiment={experiment_id} "
         f"(the experiment), or {base}/run?run={run_id} (the run and its diagnosis)"
     )
-    return cmd_dashboard(host=host, port=port, allow_remote=allow_remote)
+    return cmd_dashboard(access, port)

@@ -18,6 +18,7 @@ from stepscope.analyzers.report.op_diff import GONE, NEW, SLOWER
 from stepscope.analyzers.report.run_diff_ops import RunDiff, diff_runs, diff_traces
 from stepscope.analyzers.trace.load import TraceError
 from stepscope.app.cli import term
+from stepscope.app.cli.exit_codes import EXIT_UNKNOWN_RUN
 from stepscope.app.cli.term import esc
 from stepscope.app.formats import fmt_s, fmt_signed_s
 from stepscope.store import RunNotFound, RunStore, StoreError
@@ -106,7 +107,10 @@ def cmd_diff(a: str, b: str, as_json: bool = False, top: int = 15, kind: str | N
         else:
             with RunStore() as store:
                 diff = diff_runs(store, _resolve(store, a), _resolve(store, b))
-    except (RunNotFound, StoreError, TraceError) as exc:
+    except RunNotFound as exc:  # as for every command that takes a run
+        print(f"stepscope: {exc}", file=sys.stderr)
+        return EXIT_UNKNOWN_RUN
+    except (StoreError, TraceError) as exc:
         print(f"stepscope: {exc}", file=sys.stderr)
         return 2
     if as_json:

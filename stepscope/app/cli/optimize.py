@@ -1,25 +1,23 @@
 """`stepscope optimize RUN`: re-run a recorded job with fixes applied and prove the gain.
 
-A thin shell over ``optim_runner.experiment.run_experiment``. Progress goes to stderr
+A thin shell over ``optim_runner.experiment.experiment.run_experiment``. Progress goes to stderr
 (a rich progress bar with the current arm on a terminal, one plain line per trial
 start and end anywhere else), so that ``--json`` leaves stdout to the JSON alone; the
 report is a table per candidate (with the operators and phases each changed most
-against the baseline, ``optim_runner/arm_changes.py``) and predicted vs measured per fix.
+against the baseline, ``optim_runner/verdict/arm_changes.py``) and predicted vs measured per fix.
 """
 
 from __future__ import annotations
 
 import json
-import sys
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
-
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from stepscope.app.applied import not_applied_text
 from stepscope.app.cli import term
-from stepscope.app.cli.term import esc, say
+from stepscope.app.cli.experiment_follow import followed
+from stepscope.app.cli.optimize_fit import render_fit
+from stepscope.app.cli.term import esc
 from stepscope.app.design_text import (
     design_line,
     repeat_line,
@@ -27,60 +25,39 @@ from stepscope.app.design_text import (
     stopped_status,
     trials_phrase,
 )
-from stepscope.app.formats import fmt_ci, fmt_ratio, guard_word, guarded
-from stepscope.app.ownership import rerun_refusal
-from stepscope.optim_runner.arm_changes import explain_result
-from stepscope.optim_runner.experiment import ExperimentError, run_experiment
-from stepscope.optim_runner.stacked import over_text
-from stepscope.optim_runner.verdict import NOT_RUN
+from stepscope.app.formats import fmt_bytes, fmt_ci, fmt_ratio, guard_word, guarded
+from stepscope.optim_runner.experiment.experiment import run_experiment
+from stepscope.optim_runner.experiment.options import ExperimentOptions
+from stepscope.optim_runner.verdict.arm_changes import explain_result
+from stepscope.optim_runner.verdict.leave_one_out import in_set_text, loo_text
+from stepscope.optim_runner.verdict.stacked import over_text
+from stepscope.optim_runner.verdict.verdict import NOT_RUN
 from stepscope.store import RunStore
 
 
 def cmd_optimize(
     run_ref: str,
-    fixes: str | None = None,
-    steps: int = 30,
-    trials: int = 3,
-    timeout: float | None = None,
-    allow_numerics: bool = False,
+    options: ExperimentOptions | None = None,
+    *,
     as_json: bool = False,
-    keep_explicit: bool = False,
-    output_tolerance: float | None = None,
-    min_agreement: float | None = None,
     sweep: str | None = None,
     batch_factors: str | None = None,
-    draft_model: str | None = None,
-    budget: float | None = None,
-    full: bool = False,
-    stall: float | None = None,
 ) -> int:
+    """Run an experiment (or, with ``sweep``, a batch-size sweep) on ``run_ref`` and report
+    it; the exit status. ``options``: the experiment's, as the CLI parsed them."""
+    options = options or ExperimentOptions()
     if sweep is not None:
         # local: the sweep's module is for --sweep only
         from stepscope.app.cli.sweep import cmd_sweep
 
-        return cmd_sweep(run_ref, batch_factors, steps, trials, timeout, as_json)
-    fix_ids = [f.strip() for f in fixes.split(",") if f.strip()] if fixes else None
+        return cmd_sweep(
+            run_ref, batch_factors, options.steps, options.trials, options.timeout_s, as_json
+        )
     result, code = followed(
         run_ref,
         "optimize",
         "experiment",
-        lambda store, run_id, progress: run_experiment(
-            store,
-            run_id,
-            fixes=fix_ids,
-            steps=steps,
-            trials=trials,
-            timeout_s=timeout,
-            stall_s=stall,
-            allow_numerics=allow_numerics,
-            progress=progress,
-            keep_explicit=keep_explicit,
-            output_tolerance=output_tolerance,
-            min_agreement=min_agreement,
-            draft_model=draft_model,
-            budget_min=budget,
-            full=full,
-        ),
+        lambda store, run_id, progress: run_experiment(store, run_id, options, progress),
     )
     if result is None:
         return code
@@ -93,124 +70,6 @@ def cmd_optimize(
     return 0
 
 
-Start = Callable[[RunStore, int, Callable[[dict[str, Any]], None]], dict[str, Any]]
-
-
-def followed(run_ref: str, verb: str, what: str, start: Start) -> tuple[dict[str, Any] | None, int]:
-    """Re-run a run's command as an experiment of any kind (``start``: fixes, a sweep),
-    with its progress on stderr: (result, 0), or (None, exit code) after one line that
-    says why not (another user's or host's run, a multi-node run, a failing baseline,
-    Ctrl-C)."""
-    with RunStore() as store:
-        run_id = store.resolve_run(run_ref)
-        refused = rerun_refusal(store.run(run_id))
-        if refused is not None:  # a shared store holds other people's commands
-            print(f"stepscope: cannot {verb} run {run_id}: {refused}", file=sys.stderr)
-            return None, 1
-        with ProgressView(term.console(stderr=True), run_id) as view:
-            try:
-                return start(store, run_id, view.update), 0
-            except (ValueError, ExperimentError) as exc:
-                view.stop()
-                print(f"stepscope: {exc}", file=sys.stderr)
-                return None, 1
-            except KeyboardInterrupt:
-                view.stop()
-                print(f"stepscope: {what} interrupted", file=sys.stderr)
-                return None, 130
-
-
-class ProgressView:
-    """The experiment's progress callback, drawn for whoever reads ``console``.
-
-    On a terminal, a rich progress bar with the current arm. Anywhere else (a log file,
-    CI, ``2>&1 | tee``) rich draws nothing until the end, and a ten-minute experiment
-    looks hung: there each trial's start and end is one plain line instead, e.g.
-    ``trial 3/12: all #1 ...`` then ``trial 3/12: all #1 ok (run 17, 4.2 s)``.
-    """
-
-    def __init__(self, con: Any, run_id: int) -> None:
-        self.console = con
-        self.run_id = run_id
-        self.started: dict[tuple[str, int, str], float] = {}
-        self.progress: Any = None
-        self.said_hello = False
-        if con.is_terminal:
-            self.progress = Progress(
-                TextColumn("[bold]optimize run {task.fields[run]}[/]"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("{task.description}"),
-                console=con,
-                transient=False,
-            )
-            self.task = self.progress.add_task("starting", total=None, run=run_id)
-
-    def __enter__(self) -> ProgressView:
-        if self.progress is not None:
-            self.progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        if self.progress is not None:
-            self.progress.stop()
-
-    def update(self, state: dict[str, Any]) -> None:
-        if state["event"] == "decision":  # between rounds: arms stopped, or the end
-            for line in state.get("lines") or []:
-                self.console.print(f"[yellow]{esc(line)}[/]")
-            if self.progress is not None:
-                self.progress.update(self.task, completed=state["done"], total=state["total"])
-            return
-        if self.progress is None:
-            if not self.said_hello:  # at the first trial: a refused experiment says only why
-                say(self.console, f"optimize run {self.run_id}: one line per trial run")
-                self.said_hello = True
-            say(self.console, trial_line(state, self.started))
-        if state["event"] == "trial_end" and state.get("error"):
-            if state.get("status") == "failed":
-                head = f"[red]{esc(state['arm'])} failed[/]"
-            else:  # 'not applied': the job ran, its fix did not take effect (not measured)
-                head = f"[yellow]{esc(state['arm'])}[/]"
-            self.console.print(f"{head} (run {state['run_id']}): {esc(state['error'])}")
-        if state["event"] == "trial_end" and state.get("note"):  # a busy trial, run again
-            self.console.print(
-                f"[yellow]{esc(state['arm'])}[/] (run {state['run_id']}): {esc(state['note'])}"
-            )
-        if self.progress is not None:
-            label = f"{esc(state['arm'])} (trial {state['trial'] + 1}/{state['trials']})"
-            if state["phase"] == "confirm":
-                label = f"confirming the kept fixes: {label}"
-            self.progress.update(
-                self.task, completed=state["done"], total=state["total"], description=label
-            )
-
-
-def trial_line(state: dict[str, Any], started: dict[tuple[str, int, str], float]) -> str:
-    """One plain line for a trial's start or end (``started`` keeps the start times)."""
-    key = (str(state["arm"]), int(state["trial"]), str(state.get("phase")))
-    what = f"{state['arm']} #{int(state['trial']) + 1}"
-    total = state.get("total") or "?"
-    start = state["event"] == "trial_start"
-    if state.get("phase") == "confirm":
-        # a phase of its own, counted in its own trials: the main count never runs past
-        # its total ("16/16", then "17/20")
-        counter = f"confirming the kept fixes, {what} of {state['trials']}"
-    else:
-        counter = f"trial {int(state['done']) + start}/{total}: {what}"
-    if start:
-        started[key] = time.monotonic()
-        return f"{counter} ..."
-    took = ""
-    if key in started:
-        took = f", {time.monotonic() - started.pop(key):.1f} s"
-    outcome = state.get("status") or "ended"
-    return f"{counter} {outcome} (run {state.get('run_id')}{took})"
-
-
 def render(result: dict[str, Any], console: Any, changes: Mapping[str, str] | None = None) -> None:
     """The experiment's report on the terminal (or a pipe: see ``cli.term``).
 
@@ -221,6 +80,9 @@ def render(result: dict[str, Any], console: Any, changes: Mapping[str, str] | No
     column of the candidates' table; it reads the trials' traces, so the caller says
     whether it is worth it.
     """
+    if result.get("goal") == "fit":  # the baseline ran out of memory: which arms fit
+        render_fit(result, console)
+        return
     base = result["baseline"]
     unit, median = ("requests", "request") if result.get("guard") == "tokens" else ("steps", "step")
     console.print(
@@ -228,6 +90,7 @@ def render(result: dict[str, Any], console: Any, changes: Mapping[str, str] | No
         f"{trials_phrase(result)} x {result['steps']} {unit} per arm, interleaved; "
         f"baseline median {median} {_secs(base['step_time_median_s'])}"
         f" (warm-up: {base['warmup']['steps']} {unit} excluded)"
+        + (f", peak memory {fmt_bytes(base['peak_bytes'])}" if base.get("peak_bytes") else "")
     )
     explicit = _explicit_line(result.get("keep_explicit"))
     if explicit:
@@ -243,6 +106,7 @@ def render(result: dict[str, Any], console: Any, changes: Mapping[str, str] | No
         "95 % CI",
         "verdict",
         guarded(result),
+        "peak memory",
     ):
         table.add_column(col)
     for col in ("p50 latency", "p99 latency") if inference else ():
@@ -252,7 +116,8 @@ def render(result: dict[str, Any], console: Any, changes: Mapping[str, str] | No
     for c in result["candidates"]:
         cells = _candidate_cells(c, stopped_status(c, result))
         line = () if changes is None else (esc(changes.get(c["name"], "-")),)
-        table.add_row(*cells, *(_latency_cells(c) if inference else ()), *line)
+        peak = esc(c.get("trade") or "-")
+        table.add_row(*cells, peak, *(_latency_cells(c) if inference else ()), *line)
     console.print(table)
     for name, why in stopped_lines(result):
         console.print(f"  [yellow]{esc(name)}[/]: {esc(why)}")
@@ -274,20 +139,23 @@ def render(result: dict[str, Any], console: Any, changes: Mapping[str, str] | No
         console.print(f"[yellow]{esc(repeated)}[/]")
 
     fixes = term.table(title="Predicted vs measured, per fix", title_justify="left")
-    for col in ("fix", "parameters", "predicted (bound)", "measured", "95 % CI", "verdict", "keep"):
+    in_set = any(f.get("in_set") for f in result["fixes"])
+    columns = ["fix", "parameters", "predicted (bound)", "measured", "95 % CI", "verdict"]
+    for col in [*columns, *(["in the kept set"] if in_set else []), "keep"]:
         fixes.add_column(col)
     for f in result["fixes"]:
-        against = "" if f["against"] == "baseline" else f" over {esc(f['against'])}"
         fixes.add_row(
             esc(f["id"]),
             esc(", ".join(f"{k}={v}" for k, v in f["params"].items())),
             _bounds(f),
-            fmt_ratio(f["measured"], none="-") + against if f["measured"] else "-",
+            f"{fmt_ratio(f['measured'])} vs {esc(f['against'])}" if f["measured"] else "-",
             fmt_ci(f["ci"], none="-"),
             _fix_verdict(f),
+            *([esc(in_set_text(f))] if in_set else []),
             "[green]yes[/]" if f["kept"] else "no",
         )
     console.print(fixes)
+    _leave_one_out(console, result.get("leave_one_out"))
     for f in result["fixes"]:
         if f.get("note"):
             console.print(f"  [bold]{esc(f['id'])}[/]: {esc(f['note'])}")
@@ -295,9 +163,13 @@ def render(result: dict[str, Any], console: Any, changes: Mapping[str, str] | No
     if design:
         console.print(f"[dim]{esc(design)}[/dim]")
     best = result["best"]
+    if best.get("goal") == "memory":
+        colour = "bold green" if best["fixes"] else "bold"
+        console.print(f"[{colour}]Goal memory: {esc(best['answer'])}[/]")
+        return
     if best["fixes"]:
         how = "confirmed in a run of its own" if best.get("confirmed") else "measured"
-        over = over_text(best)
+        over = over_text(best) or loo_text(best)
         how += f"; {over}" if over else ""
         console.print(
             f"[bold green]Keep: {esc(', '.join(best['fixes']))}[/] — {fmt_ratio(best['speedup'], none='-')} "
@@ -308,6 +180,33 @@ def render(result: dict[str, Any], console: Any, changes: Mapping[str, str] | No
             f"[bold]No fix measured faster with the {guarded(result)} kept: "
             "keep the job as it is.[/]"
         )
+
+
+def _leave_one_out(console: Any, record: dict[str, Any] | None) -> None:
+    """Each leave-one-out step: the set, each fix taken out of it, and what that did."""
+    if not record or not record.get("steps"):
+        return
+    table = term.table(
+        title=f"Leave-one-out from {esc(record['from'])}: each fix taken out of the set",
+        title_justify="left",
+    )
+    for col in ("set", "without", "its speed vs the set", "95 % CI", "decision"):
+        table.add_column(col, overflow="fold")
+    for step in record["steps"]:
+        for r in step["removals"]:
+            dropped = r["fix"] in step["dropped"]
+            table.add_row(
+                esc(step["set"]),
+                esc(", ".join(r["removed"])) if r.get("arm") else "- (the baseline)",
+                fmt_ratio(r.get("ratio"), none="-"),
+                fmt_ci(r.get("ci"), none="-"),
+                f"[{'yellow' if dropped else 'green'}]{esc(r['text'])}[/]",
+            )
+        if step.get("note"):
+            table.add_row(esc(step["set"]), "", "", "", esc(step["note"]))
+    console.print(table)
+    if record.get("unsettled"):
+        console.print(f"  [yellow]not settled[/]: {esc(record['unsettled'])}")
 
 
 def _candidate_cells(c: dict[str, Any], stopped: str | None = None) -> tuple[str, ...]:
@@ -382,4 +281,4 @@ def _quality(c: dict[str, Any]) -> str:
     return f"[{'green' if c['quality_ok'] else 'red'}]{guard_word(c['quality_ok'])}[/]"
 
 
-__all__ = ["ProgressView", "cmd_optimize", "render", "trial_line"]
+__all__ = ["cmd_optimize", "render"]

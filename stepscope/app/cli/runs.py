@@ -2,7 +2,9 @@
 
 The JSON form of `runs` is the contract (tests and scripts read it); the table is the
 same data for people, built from one dict per run (``run_row``), so they cannot
-disagree. `stepscope show` (one run) is ``show.py``.
+disagree. A run's figures are those kept in the store once it ended
+(``analyzers/steps/run_figures.py``): a list of thousands of runs reads them with one
+query instead of summarising every run's steps. `stepscope show` (one run) is ``show.py``.
 """
 
 from __future__ import annotations
@@ -11,33 +13,39 @@ import sys
 import time
 from typing import Any
 
-from stepscope.analyzers.steps.step_stats import summarize_steps
+from stepscope.analyzers.steps.run_figures import compute_figures, kept_figures, run_states
 from stepscope.app.cli import term
+from stepscope.app.cli.exit_codes import EXIT_REFUSED
 from stepscope.app.cli.findings_output import finding_text
 from stepscope.app.cli.term import esc, print_json, status_text
 from stepscope.app.formats import fmt_s, fmt_time, missing
 from stepscope.app.ownership import refusal
-from stepscope.collectors.control import request_capture
+from stepscope.collectors.capture.control import request_capture
 from stepscope.store import RunStore
 
+#: the table's rows when no --limit is given: the newest runs
+TABLE_ROWS = 50
+#: ended runs whose figures a list computes (the first list after an upgrade, a store
+#: that many runs ended in since) from which it says so first, on stderr
+SAY_COMPUTING_FROM = 100
 
-def run_row(store: Any, run: dict[str, Any], steps: Any) -> dict[str, Any]:
-    """The fields `runs` lists for one run."""
-    summary = summarize_steps(steps)
+
+def run_row(run: dict[str, Any], figures: dict[str, Any]) -> dict[str, Any]:
+    """The fields `runs` lists for one run (a row of ``store.run_list()``, and its figures)."""
     run = {k: None if missing(v) else v for k, v in run.items()}  # pandas NaN -> None
     return {
         "id": int(run["id"]),
         "name": run["name"],
         "status": run["status"],
         "exit_code": None if run["exit_code"] is None else int(run["exit_code"]),
-        "steps": int(len(steps)),
+        "steps": int(run["steps"]),
         "started_at": run["started_at"],
         "ended_at": run["ended_at"],
         "duration_s": run_duration(run),
         "command": run["command"],
         "error": run["error"],
         "stop_reason": run["stop_reason"],
-        "step_time_median_s": summary["step_time_median_s"],
+        "step_time_median_s": figures["step_time_median_s"],
     }
 
 
@@ -52,13 +60,31 @@ def run_duration(run: dict[str, Any]) -> float | None:
     return float(end - start)
 
 
-def cmd_runs(as_json: bool) -> int:
+def cmd_runs(as_json: bool, limit: int | None = None, every: bool = False) -> int:
+    """The runs, newest first: every one as JSON, the newest ``TABLE_ROWS`` in the table
+    (10,000 rows took rich 10 s to draw; nobody reads them on a terminal), unless
+    ``limit`` or ``every`` says otherwise."""
+    if limit is not None and limit < 1:
+        print(f"stepscope: --limit must be at least 1, not {limit}", file=sys.stderr)
+        return 2
+    if limit is None and not (as_json or every):
+        limit = TABLE_ROWS
     with RunStore() as store:
-        runs = store.runs()
+        listed = store.run_list()
+        runs = listed if every or limit is None else listed.head(limit)
         top = store.top_findings()
+        figures, todo = kept_figures(store, run_states(runs))
+        ended = sum(state.ended for state in todo)
+        if ended >= SAY_COMPUTING_FROM:
+            print(
+                f"stepscope: computing the figures of {ended} runs once (kept in the store:"
+                " later lists read them)",
+                file=sys.stderr,
+            )
+        figures.update(compute_figures(store, todo))
         rows = []
         for rec in runs.to_dict("records"):
-            row = run_row(store, rec, store.steps(int(rec["id"])))
+            row = run_row(rec, figures[int(rec["id"])])
             finding = top.get(int(rec["id"]))
             row["top_finding"] = (
                 None
@@ -106,6 +132,12 @@ def cmd_runs(as_json: bool) -> int:
             *((finding_text(finding),) if with_findings else ()),
         )
     term.console().print(table)
+    if len(rows) < len(listed):
+        term.say(
+            term.console(),
+            f"the newest {len(rows):,} of {len(listed):,} runs: --all lists every one,"
+            " --limit N the newest N",
+        )
     return 0
 
 
@@ -116,7 +148,7 @@ def cmd_capture(ref: str, steps: int) -> int:
         refused = refusal(run)
         if refused is not None:  # its folder and job may be another user's, elsewhere
             print(f"stepscope: cannot capture run {run_id}: {refused}", file=sys.stderr)
-            return 1
+            return EXIT_REFUSED
         if run["status"] != "running":
             print(
                 f"stepscope: run {run_id} is not running (status: {run['status']}); "

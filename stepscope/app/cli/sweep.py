@@ -1,7 +1,7 @@
 """`stepscope optimize RUN --sweep batch`: throughput and p99 latency per batch size.
 
-A thin shell over ``optim_runner.sweep.run_sweep``, with the experiment's progress lines
-on stderr (``optimize.followed``) and, on stdout, a table per batch size, the knee,
+A thin shell over ``optim_runner.sweeps.sweep.run_sweep``, with the experiment's progress lines
+on stderr (``experiment_follow.followed``) and, on stdout, a table per batch size, the knee,
 and a bar of throughput per row so the curve shows in a terminal too.
 """
 
@@ -12,10 +12,10 @@ import sys
 from typing import Any
 
 from stepscope.app.cli import term
-from stepscope.app.cli.optimize import followed
+from stepscope.app.cli.experiment_follow import followed
 from stepscope.app.cli.term import esc
 from stepscope.app.formats import fmt_pct, fmt_ratio, fmt_s
-from stepscope.optim_runner.sweep import parse_factors, run_sweep
+from stepscope.optim_runner.sweeps.sweep import parse_factors, run_sweep
 
 BAR_WIDTH = 24
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 
 from stepscope.app.cli import term
+from stepscope.app.cli.exit_codes import EXIT_UNKNOWN_RUN
 from stepscope.app.cli.term import esc, print_json, say
 from stepscope.app.formats import fmt_time, missing
 from stepscope.store import RunNotFound, RunStore, StoreError
@@ -44,7 +45,10 @@ def cmd_tag(
             run_id = store.resolve_run(str(run))
             before = store.set_tag(str(name), run_id)
             run_name = store.run(run_id)["name"]
-    except (RunNotFound, StoreError, TagError) as exc:
+    except RunNotFound as exc:  # as for every command that takes a run
+        print(f"stepscope tag: {exc}", file=sys.stderr)
+        return EXIT_UNKNOWN_RUN
+    except (StoreError, TagError) as exc:
         print(f"stepscope tag: {exc}", file=sys.stderr)
         return 2
     tag = str(name).strip()

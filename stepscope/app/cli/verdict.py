@@ -15,12 +15,14 @@ import sys
 from typing import Any
 
 from stepscope.analyzers.rules.diagnosis import LEVEL_TEXT, Diagnosis, diagnose_run
+from stepscope.analyzers.rules.memory import is_oom_finding
 from stepscope.app.formats import fmt_pct
-from stepscope.errors import one_line_error
+from stepscope.errors import is_out_of_memory, one_line_error
 from stepscope.store import RunStore
 from stepscope.types import Finding
 
 TOP_FIXES = 3
+OOM_EVIDENCE = 7  # every line of an out-of-memory finding: what, how much, limit, where
 
 
 def print_verdict(run_id: int, home: Any = None) -> None:
@@ -29,7 +31,8 @@ def print_verdict(run_id: int, home: Any = None) -> None:
         with RunStore(home) as store:
             if store.run(run_id)["status"] == "running":
                 return  # one node of a multi-node run: the last one to end answers
-            if store.step_count(run_id)[0] == 0:
+            run = store.run(run_id)
+            if store.step_count(run_id)[0] == 0 and not ran_out_of_memory(run):
                 return  # the launcher's line said "0 steps"; `show` says why
             diagnosis = diagnose_run(store, run_id, save=True)
     except Exception as exc:
@@ -42,12 +45,14 @@ def print_verdict(run_id: int, home: Any = None) -> None:
 def verdict_lines(run_id: int, diagnosis: Diagnosis, more: str = "show") -> list[str]:
     """The verdict as lines (without the 'stepscope: ' prefix); ``more``: the verb that
     prints every finding in full (`show` at the job's end, `analyze` inside `show`)."""
+    first = diagnosis.findings[0] if diagnosis.findings else None
+    if first is not None and is_oom_finding(first):
+        return oom_lines(run_id, diagnosis, more)
     if diagnosis.reason:
         return [f"no verdict: {diagnosis.reason}"]
     basis = LEVEL_TEXT.get(diagnosis.level, diagnosis.level)
-    if not diagnosis.findings:
+    if first is None:
         return [f"verdict: no bottleneck above the thresholds (from {basis})"]
-    first = diagnosis.findings[0]
     lines = [f"verdict: {headline(first)} (from {basis})"]
     lines += [f"  evidence: {e.text}" for e in first.evidence[:2]]
     for fix in first.fixes[:TOP_FIXES]:
@@ -63,6 +68,32 @@ def verdict_lines(run_id: int, diagnosis: Diagnosis, more: str = "show") -> list
     else:
         lines.append(f"  next: stepscope {more} {run_id}  (each finding, its evidence and fixes)")
     return lines
+
+
+def oom_lines(run_id: int, diagnosis: Diagnosis, more: str = "show") -> list[str]:
+    """The verdict of a job that ran out of memory: what ran out, by how much, where, and
+    the fixes that free memory (those that address memory/capacity), never a speed-up."""
+    first = diagnosis.findings[0]
+    lines = [f"verdict: out of memory. {first.title}"]
+    evidence = first.evidence
+    if any(e.source == "oom" for e in evidence):  # the job's traceback said the error above
+        evidence = [e for e in evidence if e.source != "run"]
+    lines += [f"  {e.text}" for e in evidence[:OOM_EVIDENCE]]
+    for fix in first.fixes[:TOP_FIXES]:
+        how = "applied by stepscope" if fix.auto else "a code change"
+        lines.append(f"  frees memory: {fix.id} ({how}): {fix.title}")
+    if not first.fixes:
+        lines.append(
+            "  frees memory: a smaller batch (with gradient accumulation to keep its size), "
+            "shorter sequences, fewer saved activations"
+        )
+    lines.append(f"  next: stepscope {more} {run_id}  (every finding, its evidence and fixes)")
+    return lines
+
+
+def ran_out_of_memory(run: dict[str, Any]) -> bool:
+    """The run's job died of an out-of-memory error (its record, or its error line)."""
+    return bool((run.get("config") or {}).get("oom")) or is_out_of_memory(run.get("error"))
 
 
 def headline(finding: Finding) -> str:

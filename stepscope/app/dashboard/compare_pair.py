@@ -8,9 +8,12 @@ or a fix that helped reads "0.80x slower". The rules, in order:
   arm's trial is A. Trials interleave, so by id a candidate trial is as often the older.
 * **Otherwise the older run is A**: the usual story is "recorded, changed, recorded".
 * **A partner of one run** ("Compare with…", ``?b=`` alone) is a run of the same
-  command line first, then of the same script or name: a text-generation job against an
-  MNIST job gives a ratio, and it means nothing. When no such run exists the page says
-  the commands differ, rather than quietly comparing two different jobs.
+  command line in the same working folder first, then of the same script (its path
+  resolved against the run's folder: every example is ``main.py``, and two folders' are
+  two programs). When no such run exists there is none: a text-generation job against an
+  MNIST job gives a ratio, and it means nothing.
+* **Compare opened on no run** takes the newest run that has such a partner; only when no
+  run has one does it fall back to the two newest, shown as different programs.
 
 Plain functions over ``data.run_relations``: the Runs page and the Compare page share them.
 """
@@ -60,15 +63,37 @@ def ordered(x: int, y: int, runs: Runs) -> tuple[int, int]:
     return (x, y) if age(x) <= age(y) else (y, x)
 
 
-def script(command: list[str]) -> str | None:
-    """The script or module a command runs (``train.py``, ``-m pkg.mod``), wherever it
-    sits: the same script run from two folders is still the same job."""
+def _script_index(command: list[str]) -> int | None:
+    """Where the script (``train.py``) or module (``-m pkg.mod``) sits in a command."""
     for i, arg in enumerate(command):
         if arg == "-m" and i + 1 < len(command):
-            return command[i + 1]
+            return i + 1
         if str(arg).endswith(".py"):
-            return PurePath(str(arg)).name
+            return i
     return None
+
+
+def script(command: list[str]) -> str | None:
+    """The script or module a command runs (``train.py``, ``-m pkg.mod``), as typed."""
+    i = _script_index(command)
+    return None if i is None else str(command[i])
+
+
+def script_path(run: dict[str, Any]) -> str | None:
+    """The script a run ran, resolved against its working folder (``/ex/mnist/main.py``);
+    a module is its name. None when there is no script, or a relative one and no folder:
+    then nothing tells two ``main.py`` apart."""
+    i = _script_index(run["command"])
+    if i is None:
+        return None
+    text = str(run["command"][i])
+    if i > 0 and run["command"][i - 1] == "-m":
+        return f"-m {text}"
+    path = PurePath(text)
+    if path.is_absolute():
+        return str(path)
+    folder = run.get("cwd")
+    return str(PurePath(str(folder)) / path) if folder else None
 
 
 def job_name(name: str) -> str:
@@ -77,21 +102,52 @@ def job_name(name: str) -> str:
 
 
 def closeness(x: dict[str, Any], y: dict[str, Any]) -> int:
-    """SAME_COMMAND, SAME_JOB (same script or name, other arguments) or OTHER_JOB."""
-    if x["command"] and x["command"] == y["command"]:
+    """SAME_COMMAND (one command line in one working folder), SAME_JOB (the same script
+    path, other arguments or folder) or OTHER_JOB. A trial runs its baseline's command
+    in its folder, so it is the same command. A name alone proves nothing: ``main``."""
+    same_folder = bool(x.get("cwd")) and x.get("cwd") == y.get("cwd")
+    if x["command"] and x["command"] == y["command"] and same_folder:
         return SAME_COMMAND
-    sx, sy = script(x["command"]), script(y["command"])
-    if (sx is not None and sx == sy) or job_name(x["name"]) == job_name(y["name"]):
+    sx, sy = script_path(x), script_path(y)
+    if sx is not None and sx == sy:
         return SAME_JOB
     return OTHER_JOB
 
 
+def no_folder(x: dict[str, Any], y: dict[str, Any]) -> list[int]:
+    """The runs of a pair that recorded no working folder (an old or imported run)."""
+    return [int(r["id"]) for r in (x, y) if not r.get("cwd")]
+
+
+def differences(x: dict[str, Any], y: dict[str, Any]) -> list[str]:
+    """What differs between two runs' programs, one line each (script, arguments,
+    folder), for a page that compares different programs: the reader sees why no
+    ratio is given."""
+    out = []
+    sx, sy = script_path(x) or script(x["command"]), script_path(y) or script(y["command"])
+    if sx != sy:
+        out.append(f"script: {sx or 'none'} → {sy or 'none'}")
+    ix, iy = _script_index(x["command"]), _script_index(y["command"])
+    ax = x["command"][ix + 1 :] if ix is not None else x["command"]
+    ay = y["command"][iy + 1 :] if iy is not None else y["command"]
+    if ax != ay:
+        out.append(
+            f"arguments: {shlex.join(map(str, ax)) or 'none'} → {shlex.join(map(str, ay)) or 'none'}"
+        )
+    if x.get("cwd") != y.get("cwd"):
+        out.append(f"folder: {x.get('cwd') or 'not recorded'} → {y.get('cwd') or 'not recorded'}")
+    return out
+
+
 def partner(run_id: int, runs: Runs) -> int | None:
-    """The run to compare ``run_id`` with: the same command first, then the same job;
-    among equals a trial's own baseline, then the newest. None when it is the only run."""
+    """The run to compare ``run_id`` with: the same command in the same folder first,
+    then the same script; among equals a trial's own baseline, then the newest. None when
+    no other run is of the same program."""
     me = runs.get(run_id)
-    others = [r for i, r in runs.items() if i != run_id]
-    if me is None or not others:
+    if me is None:
+        return None
+    others = [r for i, r in runs.items() if i != run_id and closeness(me, r) != OTHER_JOB]
+    if not others:
         return None
     best = min(
         others,
@@ -101,23 +157,36 @@ def partner(run_id: int, runs: Runs) -> int | None:
 
 
 def default_pair(runs: Runs, fixed: int | None, newest: list[int]) -> tuple[int, int] | None:
-    """Compare's (A, B) when the URL names at most one run: ``fixed`` and its partner,
-    else the two newest runs of ``newest``; ordered baseline first either way."""
+    """Compare's (A, B) when the URL names at most one run: ``fixed`` and its partner
+    (else ``fixed`` and the newest other run, which the page shows as another program);
+    with none named, the two newest when they are one program, else the newest run that
+    has a partner, else the two newest.
+    Ordered baseline first either way."""
     if fixed is not None:
         other = partner(fixed, runs)
-        return None if other is None else ordered(fixed, other, runs)
+        if other is None:
+            rest = [i for i in newest if i != fixed]
+            return ordered(fixed, rest[0], runs) if rest else None
+        return ordered(fixed, other, runs)
     if len(newest) < 2:
         return None
+    first, second = runs.get(newest[0]), runs.get(newest[1])
+    if first and second and closeness(first, second) != OTHER_JOB:
+        return ordered(newest[0], newest[1], runs)
+    for i in newest:
+        other = partner(i, runs)
+        if other is not None:
+            return ordered(i, other, runs)
     return ordered(newest[0], newest[1], runs)
 
 
 def compare_with(run_id: int, runs: Runs) -> tuple[str, int, int] | None:
     """("Compare with #N (same command)", A, B) for a link from ``run_id``'s page; None
-    when there is no other run."""
+    when no other run is of the same program."""
     other = partner(run_id, runs)
     if other is None:
         return None
-    how = ("same command", "same script", "different command")[closeness(runs[run_id], runs[other])]
+    how = ("same command", "same script")[closeness(runs[run_id], runs[other])]
     a, b = ordered(run_id, other, runs)
     return f"Compare with #{other} ({how})", a, b
 

@@ -20,19 +20,23 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 import streamlit as st
 from sqlalchemy.exc import SQLAlchemyError
 
-from stepscope.analyzers.report.run_diff_ops import RunDiff, diff_runs
 from stepscope.analyzers.report.trace_report import TraceReport
 from stepscope.analyzers.rules.diagnosis import Diagnosis, saved_diagnosis
+from stepscope.analyzers.steps.run_figures import (
+    RunState,
+    compute_figures,
+    kept_figures,
+    run_states,
+)
 from stepscope.analyzers.steps.step_stats import summarize_steps
 from stepscope.analyzers.trace.load import TraceError
-from stepscope.optim_runner.arm_changes import explain_result
 from stepscope.store import (
     ExperimentNotFound,
     RunNotFound,
@@ -42,6 +46,9 @@ from stepscope.store import (
 )
 from stepscope.store.store import default_home
 from stepscope.types import Finding
+
+if TYPE_CHECKING:
+    from stepscope.analyzers.report.run_diff_ops import RunDiff
 
 #: seconds a running job's data is reused before the store is read again
 LIVE_REFRESH_S = 2.0
@@ -109,11 +116,34 @@ def plain(value: Any) -> Any:
 
 
 # -- the runs table ------------------------------------------------------------------
-@st.cache_data(max_entries=2048, show_spinner=False)
-def _run_figures(home: str, run_id: int, n_steps: int, status: str) -> dict[str, Any]:
-    """summarize_steps of one run; the key changes when a step is added or the run ends."""
-    with open_store(home) as store:
-        return summarize_steps(store.steps(run_id))
+#: ended runs whose figures the table computes (the first table after an upgrade, a
+#: store that many runs ended in since) from which a spinner says so
+SAY_COMPUTING_FROM = 100
+
+
+@st.cache_data(max_entries=256, show_spinner=False)
+def _running_figures(
+    home: str, run_id: int, n_steps: int, status: str, _store: RunStore
+) -> dict[str, Any]:
+    """A running run's figures (never kept: they change); the key changes when a step is
+    added or the run ends. ``_store``: the table's open store (not part of the key)."""
+    return compute_figures(_store, [RunState(run_id, n_steps, status, None)])[run_id]
+
+
+def _table_figures(home: str, store: RunStore, runs: pd.DataFrame) -> dict[int, dict[str, Any]]:
+    """Each run's figures: an ended run's as kept in the store (one query for all), or
+    computed and kept (``run_figures``); a running run's cached per step count."""
+    figures, todo = kept_figures(store, run_states(runs))
+    ended = [s for s in todo if s.ended]
+    if len(ended) >= SAY_COMPUTING_FROM:
+        with st.spinner(f"Computing the figures of {len(ended)} runs once (kept for later)…"):
+            figures.update(compute_figures(store, ended))
+    else:
+        figures.update(compute_figures(store, ended))
+    for s in todo:
+        if not s.ended:
+            figures[s.run_id] = _running_figures(home, s.run_id, s.step_count, s.status, store)
+    return figures
 
 
 def runs_table(home: str) -> pd.DataFrame:
@@ -122,13 +152,14 @@ def runs_table(home: str) -> pd.DataFrame:
     Not cached itself: it is what shows a job going from running to finished.
     """
     with open_store(home) as store:
-        runs = store.runs()
+        runs = store.run_list()
         top = store.top_findings()
+        figures_of = _table_figures(home, store, runs)
     rows = []
     for rec in runs.to_dict("records"):
         rec = {k: plain(v) for k, v in rec.items()}
         run_id = int(rec["id"])
-        figures = _run_figures(home, run_id, int(rec["steps"]), str(rec["status"]))
+        figures = figures_of[run_id]
         finding = top.get(run_id)
         rows.append(
             {
@@ -217,11 +248,14 @@ def run_data(home: str, run_id: int, marker: tuple[Any, ...]) -> RunData:
     )
 
 
-def diagnosis(home: str, run_id: int, report: TraceReport | None = None) -> Diagnosis | None:
+def diagnosis(
+    home: str, run_id: int, report: TraceReport | None = None, read_trace: bool = True
+) -> Diagnosis | None:
     """Uncached: the run's saved diagnosis, made now for a run that ended since
-    (``saved_diagnosis``); a Diagnose click shows its result on the very next rerun."""
+    (``saved_diagnosis``); a Diagnose click shows its result on the very next rerun.
+    ``read_trace``: False where the page holds the trace back (``trace_data.trace_gate``)."""
     with open_store(home) as store:
-        return saved_diagnosis(store, run_id, report)
+        return saved_diagnosis(store, run_id, report, read_trace=read_trace)
 
 
 def findings(home: str, run_id: int) -> list[Finding]:
@@ -234,7 +268,7 @@ def run_choices(home: str) -> pd.DataFrame:
     """id, name, status, parent run of every run (newest first): the pickers' options."""
     cols = ["id", "name", "status", "parent_run_id"]
     with open_store(home) as store:
-        runs = store.runs()
+        runs = store.run_list()
     if runs.empty:
         return pd.DataFrame(columns=cols)
     return runs[cols].astype({"id": int})
@@ -261,6 +295,10 @@ def ops_diff(
     """B against A, operator by operator and phase by phase (``diff_runs``): both traces
     are loaded and resampled, so a pair is diffed once until either run changes
     (``run_marker``). Raises the store's and the trace's errors (``user_errors``)."""
+    # local: the diff imports scipy.stats (1 s), which the Runs page, the dashboard's
+    # first, has no use for
+    from stepscope.analyzers.report.run_diff_ops import diff_runs
+
     with open_store(home) as store:
         return diff_runs(store, run_a, run_b)
 
@@ -273,6 +311,9 @@ def arm_changes(
     one diff per arm, of trials that never change once the experiment has ended, so
     the experiment and its end are the key (``_result``, its stored result, is not
     hashed). An arm's own failure is its line; only a store that cannot be opened raises."""
+    # local: as in ops_diff, the diffs import scipy.stats
+    from stepscope.optim_runner.verdict.arm_changes import explain_result
+
     with open_store(home) as store:
         return explain_result(store, _result)
 
@@ -312,7 +353,7 @@ def peak_memory(samples: pd.DataFrame) -> tuple[str, float | None]:
 
 # -- how runs relate (Compare's default pair, the Optimize form's earlier evidence) -------
 def run_relations(home: str) -> dict[int, dict[str, Any]]:
-    """Every run by id, newest first: its name, command, parent run, experiment and arm
+    """Every run by id, newest first: its name, command, working folder, parent run, experiment and arm
     (a trial's ``config``), status, start and end. What decides which run is whose
     baseline (``compare_pair``) and how long an earlier experiment's trials took
     (``optimize_estimate``); plain dicts, since a parent id in a frame turns into a float.
@@ -320,23 +361,32 @@ def run_relations(home: str) -> dict[int, dict[str, Any]]:
     Uncached: a trial recorded a second ago must count, and the read is one query.
     """
     with open_store(home) as store:
-        runs = store.runs()
-    out: dict[int, dict[str, Any]] = {}
-    for rec in runs.to_dict("records"):
-        config = rec.get("config") if isinstance(rec.get("config"), dict) else {}
-        parent, experiment = plain(rec.get("parent_run_id")), config.get("experiment")
-        out[int(rec["id"])] = {
-            "id": int(rec["id"]),
-            "name": str(rec["name"]),
-            "command": rec["command"] if isinstance(rec["command"], list) else [],
-            "parent_run_id": None if parent is None else int(parent),
-            "experiment": None if experiment is None else int(experiment),
-            "arm": config.get("arm"),
-            "status": rec["status"],
-            "started_at": plain(rec["started_at"]),
-            "ended_at": plain(rec["ended_at"]),
-        }
-    return out
+        runs = store.run_list("config", "cwd")
+    return {int(rec["id"]): _relation(rec) for rec in runs.to_dict("records")}
+
+
+def pair_relations(home: str, run_ids: list[int]) -> dict[int, dict[str, Any]]:
+    """``run_relations`` of a few runs only (the Runs page's two to compare), each read
+    on its own: the whole store's took a third of a second a rerun on 10,000 runs."""
+    with open_store(home) as store:
+        return {int(i): _relation(store.run(int(i))) for i in run_ids}
+
+
+def _relation(rec: dict[str, Any]) -> dict[str, Any]:
+    config = rec.get("config") if isinstance(rec.get("config"), dict) else {}
+    parent, experiment = plain(rec.get("parent_run_id")), config.get("experiment")
+    return {
+        "id": int(rec["id"]),
+        "name": str(rec["name"]),
+        "command": rec["command"] if isinstance(rec["command"], list) else [],
+        "cwd": rec.get("cwd") if isinstance(rec.get("cwd"), str) and rec.get("cwd") else None,
+        "parent_run_id": None if parent is None else int(parent),
+        "experiment": None if experiment is None else int(experiment),
+        "arm": config.get("arm"),
+        "status": rec["status"],
+        "started_at": plain(rec["started_at"]),
+        "ended_at": plain(rec["ended_at"]),
+    }
 
 
 def all_experiments(home: str) -> list[dict[str, Any]]:

@@ -5,10 +5,20 @@ once however often the page is redrawn, and again only when it is re-captured or
 rewritten, or (the report) when the home's CPU calibration changes
 (``calibration_stamp``). The analyses themselves are the analyzers'; this module only
 caches them.
+
+A trace is analysed when its page is viewed only up to a size (``trace_gate``): whoever
+can write a run's row names its trace, and a few hundred KB of gzip can inflate past what
+the dashboard's machine holds. Its JSON is measured first (decompressed a piece at a time
+and counted, never kept: ``store/bounded_read.py``); past ``DEFAULT_ASK_ABOVE_BYTES``
+(``$STEPSCOPE_DASHBOARD_TRACE_BYTES``) the page asks for a click, and a file past the
+loader's own cap (``$STEPSCOPE_MAX_TRACE_BYTES``) is refused in one line, with no button.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -18,8 +28,10 @@ from stepscope.analyzers.report.trace_report import TraceReport, analyze_trace
 from stepscope.analyzers.steps.timeline import TIMELINE_MAX_EVENTS, step_timeline
 from stepscope.analyzers.trace.load import Trace, load_trace
 from stepscope.analyzers.trace.memory import memory_curve
+from stepscope.app.dashboard import data
 from stepscope.app.dashboard.data import RunData
 from stepscope.store.artifacts import artifact_files
+from stepscope.store.bounded_read import ReadError, json_size, max_json_bytes, parse_size
 from stepscope.store.calibration import calibration_path
 
 
@@ -35,6 +47,66 @@ def trace_files(data: RunData) -> tuple[list[str], list[str]]:
     )
     present = [str(p) for p in files if p.is_file()]
     return present, [str(p) for p in files if not p.is_file()] + problems
+
+
+#: The most JSON (all of a run's trace files together, decompressed) the dashboard
+#: analyses when a page is viewed; a bigger trace waits for the "Analyse this trace"
+#: click. A synthetic trace of 200 MiB of JSON took 6-9 s and 1.3 GiB to load on two
+#: cores: 512 MiB is about 20 s and 3 GiB, which a page view should not start unasked.
+DEFAULT_ASK_ABOVE_BYTES = 512 << 20
+ASK_ABOVE_ENV = "STEPSCOPE_DASHBOARD_TRACE_BYTES"
+
+
+@dataclass(frozen=True)
+class TraceGate:
+    """What the page may do with a run's trace before anyone clicks."""
+
+    json_bytes: int  # the JSON of its files together (counted up to the refusal)
+    ask_above: int  # the size past which it waits for a click
+    refused: str | None = None  # one line: a file past the loader's cap, or unreadable
+
+    @property
+    def ask(self) -> bool:
+        return self.refused is None and self.json_bytes > self.ask_above
+
+
+def ask_above_bytes() -> int:
+    """``$STEPSCOPE_DASHBOARD_TRACE_BYTES``, else ``DEFAULT_ASK_ABOVE_BYTES``."""
+    text = os.environ.get(ASK_ABOVE_ENV, "").strip()
+    return parse_size(text, ASK_ABOVE_ENV) if text else DEFAULT_ASK_ABOVE_BYTES
+
+
+@st.cache_data(max_entries=64, show_spinner="Measuring the trace…")
+def trace_gate(stamp: tuple[tuple[str, int, int], ...]) -> TraceGate:
+    """The files' JSON measured without keeping it (``bounded_read.json_size``, per file
+    against the loader's cap), once per file version."""
+    total = 0
+    try:
+        ask_above = ask_above_bytes()
+        cap = max_json_bytes()
+        for path, _, _ in stamp:
+            total += json_size(path, cap)
+    except ReadError as exc:
+        return TraceGate(total, 0, str(exc))
+    return TraceGate(total, ask_above)
+
+
+def click_key(stamp: tuple[tuple[str, int, int], ...]) -> str:
+    """The session's key for "Analyse this trace" clicked on these files."""
+    return "analyse_trace_" + hashlib.sha1(repr(stamp).encode()).hexdigest()[:16]
+
+
+def held_back(home: str, run_id: int) -> bool:
+    """Whether the run's trace may not be analysed now: past the dashboard's size and
+    not clicked in this session, or refused. A page that diagnoses the run then leaves
+    the trace out (the Optimize page; the Run page asks itself, with the button)."""
+    d = data.run_data(home, run_id, data.run_marker(data.run_header(home, run_id)))
+    paths, _ = trace_files(d)
+    if not paths:
+        return False
+    stamp = file_stamp(paths)
+    gate = trace_gate(stamp)
+    return gate.refused is not None or (gate.ask and not st.session_state.get(click_key(stamp)))
 
 
 def file_stamp(paths: list[str]) -> tuple[tuple[str, int, int], ...]:

@@ -17,7 +17,7 @@ import streamlit as st
 
 from stepscope.app.dashboard.data import one_line, run_choices, user_errors
 from stepscope.app.formats import fmt_ratio, missing
-from stepscope.optim_runner.stats import SpeedupCI
+from stepscope.optim_runner.speedup.stats import SpeedupCI
 
 #: status -> (badge colour, icon): running is the only live one, so it alone is blue
 STATUS_STYLE: dict[str, tuple[str, str]] = {

@@ -3,11 +3,13 @@
 Why plain functions: a test checks a figure (its traces, log axes, the roofs' corner at
 the ridge, a colour per phase) without Streamlit. The phases come from a trace
 (``analyzers.steps.phases.step_phases``, ns) or from the step timer's rows (seconds: the
-columns of ``collectors/step_accounting.py``); ``phase_table`` turns either into one
+columns of ``collectors/steps/step_accounting.py``); ``phase_table`` turns either into one
 shape, so one chart draws both. The roofline takes ``analyzers.hardware.roofline.Roofline``.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -122,6 +124,25 @@ def plottable(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[ok]
 
 
+# FLOP/s units, largest first, with the factor from TFLOP/s: a CPU job's 60 MFLOP/s
+# read "60µ" TFLOP/s on the axis and 5.93e-08 in the table
+FLOPS_UNITS = (("TFLOP/s", 1.0), ("GFLOP/s", 1e3), ("MFLOP/s", 1e6), ("kFLOP/s", 1e9))
+
+
+def flops_unit(tflops: Any) -> tuple[str, float]:
+    """The largest FLOP/s unit in which the biggest of ``tflops`` is at least 1, and its
+    factor from TFLOP/s; TFLOP/s when there is nothing to read."""
+    values = np.asarray(tflops, dtype=float)
+    values = values[np.isfinite(values) & (values > 0)]
+    if not values.size:
+        return FLOPS_UNITS[0]
+    top = float(values.max())
+    for unit, factor in FLOPS_UNITS:
+        if top * factor >= 1.0:
+            return unit, factor
+    return FLOPS_UNITS[-1]
+
+
 def roof_lines(roof: Roofline, x_lo: float, x_hi: float) -> dict[str, tuple[list, list]]:
     """The roofs as polylines over [x_lo, x_hi] (FLOP/byte): "memory" (bandwidth x
     intensity) up to the ridge, "compute" flat from the ridge, and "vector" (the fp32
@@ -156,14 +177,14 @@ def _sizes(time_ns: pd.Series, biggest: float) -> np.ndarray:
     return np.maximum(d, MIN_MARKER_PX)
 
 
-def _hover(frame: pd.DataFrame, name_col: str) -> list[str]:
+def _hover(frame: pd.DataFrame, name_col: str, unit: str, factor: float) -> list[str]:
     rows = []
     for r in frame.to_dict("records"):
         pct = r.get("pct_of_roof")
         bound = r.get("bound")
         roof = "no roof" if pct is None or pct != pct else f"{pct * 100:.1f} % of the {bound} roof"
         rows.append(
-            f"<b>{r[name_col]}</b><br>{r['intensity']:.3g} FLOP/byte · {r['tflops']:.3g} TFLOP/s"
+            f"<b>{r[name_col]}</b><br>{r['intensity']:.3g} FLOP/byte · {r['tflops'] * factor:.3g} {unit}"
             f"<br>{roof}<br>time {r['time_ns'] / 1e6:.1f} ms ({r['share'] * 100:.1f} %)"
             f" · {r['flops'] / 1e9:,.1f} GFLOP · {r['gbs']:.3g} GB/s · {int(r['count'])} calls"
         )
@@ -187,6 +208,8 @@ def roofline_chart(roof: Roofline, top_ops: bool = True) -> go.Figure | None:
         if v and roof.memory_gbs:
             xs.append(v * 1e3 / roof.memory_gbs)
             ys.append(v)
+    unit, factor = flops_unit([*classes["tflops"], *ops["tflops"]])
+    ys = [y * factor for y in ys]
     x_lo, x_hi = _axis_range(xs)
     y_lo, y_hi = _axis_range(ys)
     fig = go.Figure()
@@ -200,40 +223,46 @@ def roofline_chart(roof: Roofline, top_ops: bool = True) -> go.Figure | None:
         fig.add_scatter(
             name=label,
             x=x,
-            y=y,
+            y=[v * factor for v in y],
             mode="lines",
             line={"color": "#444444", "dash": dash, "width": 2},
-            hovertemplate=f"{label}: %{{y:.3g}} TFLOP/s at %{{x:.3g}} FLOP/byte<extra></extra>",
+            hovertemplate=f"{label}: %{{y:.3g}} {unit} at %{{x:.3g}} FLOP/byte<extra></extra>",
         )
     biggest = float(max([*classes["time_ns"], *ops["time_ns"], 0]))
     fig.add_scatter(
         name="operator classes",
         x=classes["intensity"],
-        y=classes["tflops"],
+        y=classes["tflops"] * factor,
         mode="markers+text",
         text=classes["op_class"],
         textposition="top center",
         marker={"size": _sizes(classes["time_ns"], biggest), "color": "#4C78A8", "opacity": 0.8},
-        hovertext=_hover(classes, "op_class"),
+        hovertext=_hover(classes, "op_class", unit, factor),
         hovertemplate="%{hovertext}<extra></extra>",
     )
     if not ops.empty:
         fig.add_scatter(
             name="top operators",
             x=ops["intensity"],
-            y=ops["tflops"],
+            y=ops["tflops"] * factor,
             mode="markers",
             marker={"size": _sizes(ops["time_ns"], biggest), "color": "#F58518", "opacity": 0.6},
-            hovertext=_hover(ops, "name"),
+            hovertext=_hover(ops, "name", unit, factor),
             hovertemplate="%{hovertext}<extra></extra>",
         )
-    fig.update_xaxes(type="log", range=[x_lo, x_hi], title="arithmetic intensity (FLOP/byte)")
-    fig.update_yaxes(type="log", range=[y_lo, y_hi], title="achieved TFLOP/s")
+    # plain numbers on the ticks: SI prefixes ("100µ") beside a unit read as a unit
+    ticks = {"exponentformat": "none", "tickformat": ",~g"}
+    fig.update_xaxes(
+        type="log", range=[x_lo, x_hi], title="arithmetic intensity (FLOP/byte)", **ticks
+    )
+    fig.update_yaxes(type="log", range=[y_lo, y_hi], title=f"achieved {unit}", **ticks)
     return layout(fig, 460)
 
 
 __all__ = [
+    "FLOPS_UNITS",
     "STEP_PHASE_COLORS",
+    "flops_unit",
     "mean_shares",
     "phase_bars",
     "phase_table",

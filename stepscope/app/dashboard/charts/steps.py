@@ -9,7 +9,13 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from stepscope.analyzers.steps.latency import process_keys
-from stepscope.app.dashboard.charts.style import CATEGORY_COLORS, layout, mark_times, step_labels
+from stepscope.app.dashboard.charts.style import (
+    CATEGORY_COLORS,
+    layout,
+    mark_times,
+    step_labels,
+    time_unit,
+)
 
 
 def breakdown_bars(per_step: pd.DataFrame, categories: Sequence[str]) -> go.Figure:
@@ -37,14 +43,17 @@ def breakdown_bars(per_step: pd.DataFrame, categories: Sequence[str]) -> go.Figu
 
 
 def step_time_chart(steps: pd.DataFrame, warmup_steps: int, median_s: float | None) -> go.Figure:
-    """Step time over the run; warm-up and profiled steps (left out of the figures) marked."""
+    """Step time over the run; warm-up and profiled steps (left out of the figures) marked.
+    In ms, s or minutes by the longest step (``style.time_unit``)."""
     fig = go.Figure()
     keys = process_keys(steps)
     many_ranks = steps["rank"].nunique() > 1
+    longest = (steps["end_s"] - steps["start_s"]).max() if len(steps) else None
+    unit, factor = time_unit(None if longest is None else float(longest))
     for key, g in steps.sort_values([*keys, "step"]).groupby(keys):
         rank, worker = (*key, 0)[:2]
         g = g.reset_index(drop=True)
-        ms = (g["end_s"] - g["start_s"]).to_numpy() * 1e3
+        ms = (g["end_s"] - g["start_s"]).to_numpy() * factor
         kind = np.where(
             g.index < warmup_steps,
             "warm-up",
@@ -67,10 +76,10 @@ def step_time_chart(steps: pd.DataFrame, warmup_steps: int, median_s: float | No
                 mode="markers+lines" if label == "timed" else "markers",
                 marker={"color": colour, "size": 6},
                 line={"width": 1},
-                hovertemplate="step %{x}: %{y:.1f} ms<extra>" + label + "</extra>",
+                hovertemplate=f"step %{{x}}: %{{y:.1f}} {unit}<extra>{label}</extra>",
             )
     if median_s is not None:
-        mark_times(fig, [("median", median_s, "dot")], "y")
+        mark_times(fig, [("median", median_s, "dot")], "y", factor)
     fig.update_xaxes(title="step")
-    fig.update_yaxes(title="step time (ms)", rangemode="tozero")
+    fig.update_yaxes(title=f"step time ({unit})", rangemode="tozero")
     return layout(fig, 300)

@@ -35,6 +35,7 @@ PHASE_COLORS = {
     "optimizer": "#B279A2",
     "sync": "#E45756",
     "elsewhere": "#BAB0AC",
+    "idle": "#E8E8E8",
 }
 #: the two sides of a comparison
 SIDE_COLORS = ("#4C78A8", "#F58518")
@@ -50,12 +51,30 @@ def layout(fig: go.Figure, height: int, **kw: Any) -> go.Figure:
     return fig
 
 
-def mark_times(fig: go.Figure, marks: list[tuple[str, float, str]], axis: str = "x") -> None:
-    """Lines at ``(name, seconds, dash)`` on a chart in ms, labelled by ``fmt_s`` (as every
-    figure on the page) and stacked one under the other so that close values (a p50 next
-    to a p95) never print on top of each other."""
+# a time axis in ms up to this many seconds, then in s, then (from 10 min) in minutes:
+# a job of 58 s steps read "80k" on an axis in ms
+TIME_UNITS = (("ms", 1e3, 10.0), ("s", 1.0, 600.0), ("min", 1 / 60, float("inf")))
+
+
+def time_unit(longest_s: float | None) -> tuple[str, float]:
+    """The unit a time axis reads in for values up to ``longest_s`` seconds, and its
+    factor from seconds."""
+    for unit, factor, below in TIME_UNITS:
+        if longest_s is None or longest_s != longest_s or longest_s < below:
+            return unit, factor
+    return TIME_UNITS[-1][0], TIME_UNITS[-1][1]
+
+
+def mark_times(
+    fig: go.Figure, marks: list[tuple[str, float, str]], axis: str = "x", factor: float = 1e3
+) -> None:
+    """Lines at ``(name, seconds, dash)`` on a chart in ms (``factor``: seconds to the
+    axis's unit), labelled by ``fmt_s`` (as every figure on the page) and stacked one
+    under the other so that close values (a p50 next to a p95) never print on top of
+    each other."""
     for i, (name, value_s, dash) in enumerate(marks):
         text = f"{name} {fmt_s(value_s)}"
+        value_s = value_s * factor / 1e3  # the lines below place it at value_s * 1e3
         if axis == "x":
             fig.add_vline(x=value_s * 1e3, line_dash=dash)
             fig.add_annotation(

@@ -1,0 +1,90 @@
+"""`stepscope memory RUN`: the peak of a run's capture split by what it holds.
+
+Text: the peak's categories (bytes at the peak, share, each category's own max over the
+captured steps), then the modules and the source lines whose blocks are live at the peak
+(``analyzers/trace/memory_peak.py`` says how they are found and what they leave out).
+``--json``: the same as one object. A run without a capture or a timeline: one line,
+exit 1.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from stepscope.analyzers.report.run_memory import NoMemoryData, run_memory
+from stepscope.analyzers.trace.memory_peak import MemoryBreakdown
+from stepscope.app.cli import term
+from stepscope.app.cli.term import esc, print_json
+from stepscope.app.formats import fmt_bytes, fmt_pct
+from stepscope.store import RunStore
+
+
+def cmd_memory(ref: str, as_json: bool) -> int:
+    with RunStore() as store:
+        run_id = store.resolve_run(ref)
+        try:
+            breakdown = run_memory(store, run_id)
+        except NoMemoryData as exc:
+            print(f"stepscope: {exc}", file=sys.stderr)
+            return 1
+    if as_json:
+        print_json({"run_id": run_id, **breakdown.to_dict()})
+        return 0
+    print_memory(term.console(), run_id, breakdown)
+    return 0
+
+
+def memory_lines(b: MemoryBreakdown) -> list[str]:
+    """A few lines for `show`: the peak and its three largest parts."""
+    if b.peak_bytes is None:
+        return []
+    parts = [
+        f"{r.label} {fmt_bytes(r.bytes)} ({fmt_pct(r.share)})"
+        for r in b.peak.itertuples()
+        if r.bytes > 0
+    ][:3]
+    head = f"peak {fmt_bytes(b.peak_bytes)} on {b.device or 'the device'}"
+    lines = [head + (": " + ", ".join(parts) if parts else "")]
+    if len(b.modules):
+        top = ", ".join(f"{r.module} {fmt_bytes(r.bytes)}" for r in b.modules.head(3).itertuples())
+        lines.append(f"modules holding the most at the peak: {top}")
+    return lines
+
+
+def print_memory(console: Any, run_id: int, b: MemoryBreakdown) -> None:
+    from rich.table import Table  # local: rich is imported by term when the verb runs
+
+    for problem in b.problems:
+        console.print(f"[yellow]{esc(problem)}[/]")
+    head = f"Run {run_id}: peak {fmt_bytes(b.peak_bytes)} on {b.device or 'the device'}"
+    if b.reserved_unused_bytes:
+        head += f", and {fmt_bytes(b.reserved_unused_bytes)} reserved by the allocator unused"
+    console.print(head)
+    if len(b.peak):
+        t = Table(title="At the peak, by what it holds")
+        for col in ("category", "at the peak", "share", "max over the steps"):
+            t.add_column(col, justify="left" if col == "category" else "right")
+        for r in b.peak.itertuples():
+            t.add_row(r.label, fmt_bytes(r.bytes), fmt_pct(r.share), fmt_bytes(r.max_bytes))
+        console.print(t)
+    if len(b.modules):
+        t = Table(title="Modules: blocks allocated in their forward, live at the peak")
+        for col in ("module", "bytes", "own", "blocks"):
+            t.add_column(col, justify="left" if col == "module" else "right")
+        for r in b.modules.itertuples():
+            t.add_row(esc(r.module), fmt_bytes(r.bytes), fmt_bytes(r.own_bytes), str(r.blocks))
+        console.print(t)
+    if len(b.lines):
+        t = Table(title="Code: the job's innermost function, live at the peak")
+        for col in ("file(def line): function", "bytes", "blocks"):
+            t.add_column(col, justify="left" if col.startswith("file") else "right")
+        for r in b.lines.itertuples():
+            t.add_row(esc(r.line), fmt_bytes(r.bytes), str(r.blocks))
+        console.print(t)
+    if b.attributed_bytes is not None and b.peak_bytes:
+        console.print(
+            f"modules and code cover {fmt_bytes(b.attributed_bytes)} of the peak: the blocks "
+            "allocated inside the capture (parameters and optimizer state made before it "
+            "have no stack)"
+        )

@@ -1,0 +1,1 @@
+"""The Attach page: pick a running process, start an attach, follow it to its end."""

@@ -1,0 +1,1 @@
+"""The Runs page: every recorded run, newest first (the dashboard's default page)."""

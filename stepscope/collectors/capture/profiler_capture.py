@@ -1,0 +1,434 @@
+"""Profiler capture windows: K steps of torch.profiler (and a CUDA memory snapshot).
+
+The step timer calls :meth:`CaptureController.on_boundary` between steps, on the
+thread that runs the training loop, because torch.profiler and the CUDA memory
+history must be started and stopped where the work happens. A window is opened by
+``STEPSCOPE_PROFILE_AT``/``STEPSCOPE_PROFILE_STEPS`` (``auto``: once step times
+settle, ``capture_auto.py``) or by a request file (``stepscope capture``). The trace is
+written with the file naming of ``tensorboard_trace_handler`` so TensorBoard, HTA and
+Perfetto open it unchanged.
+Where an artifact location other than the run folder is set (``STEPSCOPE_ARTIFACTS``,
+``store/artifacts.py``), each finished file is uploaded from a background thread and
+recorded with its URI; a failed upload keeps the local file's row and says why in the
+run's log.
+
+The job's stderr stays the job's. torch's profiler writes lines of its own there
+during a capture (torch 2.13): Kineto's ``USDT: ... profiler_start`` / ``profiler_stop``
+markers on every capture, and c10's "Memory block of unknown size was allocated before
+the profiling started" when a block allocated before the window is freed inside it
+(``profile_memory=True``; printed on the first such free and every 1000th after). Both
+are kept out without touching what the job writes:
+
+* Kineto reads its log level once, from ``KINETO_LOG_LEVEL``, when the process's first
+  profiler starts; torch's default (ERROR, 4) still prints the USDT markers (5). The
+  variable is set to a level above all of Kineto's for that moment only, unless the
+  user set it. (A job that used the profiler itself before has fixed Kineto's level
+  already: its markers were there before stepscope's capture anyway.)
+* c10's warning is printed on the first unknown free of the process: stepscope makes
+  that free itself, in its own code between steps (a tensor allocated just before the
+  profiler starts, freed just after), with c10's log level raised to ERROR for those
+  microseconds only. The job's own c10 warnings, inside the window or not, still print.
+  A job that frees more than 1000 such blocks in its windows (counted over the
+  process) still sees the line once per 1000.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from stepscope.collectors.capture.capture_auto import GENERATION_STEPS, AutoTrigger, not_taken
+from stepscope.collectors.capture.control import CapturePoller
+from stepscope.collectors.facts.workers import claim_capture
+from stepscope.errors import one_line_error
+from stepscope.store.artifacts import (
+    ArtifactError,
+    BackgroundUploads,
+    Location,
+    artifact_location,
+)
+
+# torch is imported inside the methods, as in the step timer's modules: the controller
+# is made from the bootstrap's torch import hook, and the module itself stays importable
+# without torch.
+MEMORY_HISTORY_ENTRIES = 100_000
+#: torch's categorised memory timeline (``export_memory_timeline``) rebuilds the whole
+#: event tree in Python: about 1 s per 10 k profiler events on an idle core (a 3-step
+#: capture of a small transformer trainer, 12 k events, 240 KB of gzipped trace: 1.2 s
+#: beside the trace's 0.12 s; 4.7 to 5.3 s on a loaded 2-core machine; an MLP's 55 KB
+#: trace, 0.3 to 0.5 s). Past this many bytes of gzipped trace (~50 k events) it is
+#: skipped, and said; ``STEPSCOPE_MEMORY_TIMELINE=0`` turns it off.
+MEMORY_TIMELINE_MAX_TRACE_BYTES = 1 << 20
+MEMORY_TIMELINE_ENV = "STEPSCOPE_MEMORY_TIMELINE"
+MEMORY_TIMELINE_SUFFIX = ".memory_timeline.raw.json.gz"
+# Kineto's levels (libkineto ILoggerObserver.h, torch 2.13): VERBOSE 0, INFO 1, WARNING 2,
+# STAGE 3, ERROR 4, USDT 5. A message prints when its level is >= the set one.
+KINETO_LOG_LEVEL_ENV = "KINETO_LOG_LEVEL"
+KINETO_QUIET_LEVEL = "6"
+# c10's logging (c10/util/Logging.cpp): FLAGS_caffe2_log_level, a message prints when its
+# severity is >= it; WARNING is 1 (the default), ERROR 2.
+C10_LOG_LEVEL_SYMBOL = "FLAGS_caffe2_log_level"
+C10_ERROR = 2
+
+
+class CaptureController:
+    """Opens, advances and closes one capture window at a time; disables itself on error.
+
+    ``writer`` is a zero-argument callable returning the run's BufferedWriter, so that
+    processes which never reach a step never create one.
+    """
+
+    def __init__(
+        self,
+        writer: Callable[[], Any],
+        run_dir: str | None,
+        *,
+        rank: int = 0,
+        profile_at: int | None = None,
+        profile_steps: int | None = None,
+        poll: bool = True,
+        auto: bool = False,
+    ) -> None:
+        self._writer = writer
+        self.run_dir = run_dir
+        self.rank = rank
+        self.profile_at = profile_at
+        self._scheduled_at = profile_at  # kept for rearm()
+        self.profile_steps = max(1, int(profile_steps or 3))
+        self.auto = AutoTrigger() if auto and profile_at is None else None
+        self._auto_armed = self.auto is not None  # kept for rearm()
+        self.generation = False  # set by the step timer: the steps are generate() requests
+        self._discard = False
+        self.poller = CapturePoller(run_dir) if (poll and run_dir) else None
+        self.active = False
+        self.disabled = run_dir is None
+        self._prof: Any = None
+        self._first = 0
+        self._steps = 0
+        self._reason = ""
+        self._request_id: str | None = None
+        self._memory_history = False
+        self._said_cpu_memory = False
+        self._stem = ""
+        self._claim = False  # this process holds its rank's scheduled capture
+        try:
+            self._location, self._location_error = artifact_location(), ""
+        except ArtifactError as exc:  # said in the run's log at the first capture
+            self._location, self._location_error = Location(), str(exc)
+        self._uploads = None if self._location.is_default else BackgroundUploads(self._location)
+
+    # -- called by the step timer between steps ---------------------------------------
+    def on_boundary(self, next_step: int) -> bool:
+        """Step ``next_step`` is about to start; returns True if slow work was done here.
+
+        Slow work (starting the profiler, exporting a trace) is reported so the step
+        timer can start the next step after it rather than charge it to the job.
+        """
+        if self.disabled:
+            return False
+        try:
+            if self.active:
+                if next_step - self._first < self._steps:
+                    self._prof.step()
+                    return False
+                self._finish(next_step - self._first)
+                return True
+            if self.profile_at is not None and next_step >= self.profile_at:
+                self.profile_at = None  # fires once
+                if not self._claimed():
+                    return False
+                self._start(next_step, self.profile_steps, "scheduled", None)
+                return True
+            if self.auto is not None and self.auto.due(next_step):
+                reason, self.auto = self.auto.reason, None  # fires once
+                if not self._claimed():
+                    return False
+                steps = GENERATION_STEPS if self.generation else self.profile_steps
+                self._start(next_step, steps, reason, None)
+                return True
+            if self.poller is not None:
+                request = self.poller.poll()
+                if request is not None:
+                    self.poller.served(request["id"])
+                    self._start(next_step, request["steps"], "request", request["id"])
+                    return True
+        except Exception as exc:
+            self._fail(exc)
+            return True
+        return False
+
+    def _claimed(self) -> bool:
+        """The rank's scheduled capture is this process's (a hogwild job's workers are
+        one rank: the first to get here takes it; ``facts/workers.py``)."""
+        if not self._claim:
+            self._claim = claim_capture(self.run_dir, self.rank)
+            if not self._claim:
+                self._scheduled_at, self._auto_armed = None, False  # rearm() has none
+        return self._claim
+
+    def close(self, next_step: int | None = None) -> None:
+        """End an open window early (job stopping): keep what was captured. A job that
+        ended before its default capture says so in the run's log."""
+        if self.auto is not None and not self.disabled and next_step:
+            self.auto = None
+            with contextlib.suppress(Exception):
+                self._writer().log("info", "capture", not_taken(next_step))
+        if self.active and not self.disabled:
+            try:
+                done = self._steps if next_step is None else next_step - self._first
+                self._finish(max(0, min(done, self._steps)))
+            except Exception as exc:
+                self._fail(exc)
+        if self._uploads is not None:
+            self._uploads.wait()  # the job is ending: its traces' rows come first
+
+    def rearm(self) -> None:
+        """The steps counted so far were not the job's steps (evaluation forwards before
+        training was seen): a window open on them is dropped unexported, and the
+        scheduled one is due again, counted in the training steps. A window already
+        exported stays (it is what the job ran then) and is not taken twice."""
+        if self.disabled or (self.profile_at is None and self.auto is None and not self.active):
+            return
+        if self.active:
+            prof, self._prof = self._prof, None
+            self.active = False
+            self._discard = True
+            try:
+                prof.__exit__(None, None, None)
+            finally:
+                self._discard = False
+                if self._memory_history:
+                    self._memory_history = False
+                    import torch  # local: see the note on torch
+
+                    torch.cuda.memory._record_memory_history(enabled=None)
+        self.profile_at = self._scheduled_at
+        if self._auto_armed:
+            self.auto = self.auto or AutoTrigger()
+            self.auto.reset()
+
+    # -- internals ------------------------------------------------------------------
+    def _start(self, first: int, steps: int, reason: str, request_id: str | None) -> None:
+        # local: see the note on torch
+        import torch
+        from torch.profiler import ProfilerAction, ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU]
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        if cuda:
+            activities.append(ProfilerActivity.CUDA)
+        # A schedule makes torch.profiler annotate steps (record_steps); "always
+        # RECORD" plus stop() after K steps yields exactly K ProfilerStep# ranges,
+        # where the stock RECORD_AND_SAVE schedule would open a (K+1)th empty one.
+        prof = profile(
+            activities=activities,
+            schedule=lambda _step: ProfilerAction.RECORD,
+            on_trace_ready=self._export,
+            record_shapes=True,
+            profile_memory=True,
+            with_stack=True,
+        )
+        prof.step_num = first  # ProfilerStep#N then names the job's own step N
+        self._stem = f"{socket.gethostname()}_{os.getpid()}.{int(time.time() * 1000)}"
+        self._first, self._steps, self._reason, self._request_id = first, steps, reason, request_id
+        if self._location_error:
+            self._writer().log(
+                "warning", "artifacts", f"{self._location_error}; artifacts stay in the run folder"
+            )
+            self._location_error = ""
+        if self._uploads is not None:
+            self._uploads.prepare()
+        if cuda:
+            torch.cuda.memory._record_memory_history(max_entries=MEMORY_HISTORY_ENTRIES)
+            self._memory_history = True
+        elif not self._said_cpu_memory:
+            self._said_cpu_memory = True
+            self._writer().log(
+                "info",
+                "capture",
+                "no CUDA in use: no memory snapshot; the profiler's memory events "
+                "(profile_memory=True) stand in for it",
+            )
+        self._prof = prof
+        self.active = True
+        # freed once the profiler records memory: c10's one-per-1000 warning is ours
+        sentinel = torch.empty(1)
+        with _quiet_kineto():
+            prof.__enter__()
+        with _quiet_c10_warnings():
+            del sentinel
+
+    def _finish(self, steps_done: int) -> None:
+        prof, self._prof = self._prof, None
+        self.active = False
+        self._steps_done = steps_done
+        try:
+            prof.__exit__(None, None, None)  # stop(): closes the last step, exports
+        finally:
+            if self._memory_history:
+                self._dump_memory_snapshot()
+
+    def _meta(self) -> dict[str, Any]:
+        return {
+            "first_step": self._first,
+            "steps": getattr(self, "_steps_done", self._steps),
+            "rank": self.rank,
+            "reason": self._reason,
+            "request_id": self._request_id,
+        }
+
+    def _export(self, prof: Any) -> None:
+        if self._discard:
+            return
+        path = os.path.join(str(self.run_dir), f"{self._stem}.pt.trace.json.gz")
+        prof.export_chrome_trace(path)
+        self._record("trace", path)
+        self._export_memory_timeline(prof, path)
+
+    def _export_memory_timeline(self, prof: Any, trace_path: str) -> None:
+        """torch's categorised memory timeline of the window (parameters, activations,
+        gradients...), beside the trace: what the analysis splits the peak by. It must
+        never cost the job its trace or its run: any failure is one warning line."""
+        if os.environ.get(MEMORY_TIMELINE_ENV, "").strip().lower() in ("0", "false", "no", "off"):
+            return
+        try:
+            size = os.path.getsize(trace_path)
+            if size > MEMORY_TIMELINE_MAX_TRACE_BYTES:
+                self._writer().log(
+                    "info",
+                    "capture",
+                    f"memory timeline not saved: the trace is {size / 2**20:.1f} MiB, above "
+                    f"{MEMORY_TIMELINE_MAX_TRACE_BYTES / 2**20:.0f} MiB (its export would "
+                    "take too long)",
+                )
+                return
+            import warnings  # local: only here
+
+            import torch  # local: see the note on torch
+
+            cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+            device = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"
+            path = os.path.join(str(self.run_dir), f"{self._stem}{MEMORY_TIMELINE_SUFFIX}")
+            started = time.perf_counter()
+            with warnings.catch_warnings():  # its deprecation notice is not the job's
+                warnings.simplefilter("ignore")
+                prof.export_memory_timeline(path, device=device)
+            spent = round(time.perf_counter() - started, 3)
+            self._record("memory_timeline", path, {"device": device, "export_s": spent})
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                self._writer().log(
+                    "warning",
+                    "capture",
+                    f"memory timeline not saved: {one_line_error(type(exc), exc)}",
+                )
+
+    def _dump_memory_snapshot(self) -> None:
+        import torch  # local: see the note on torch
+
+        self._memory_history = False
+        path = os.path.join(str(self.run_dir), f"{self._stem}.memory_snapshot.pickle")
+        try:
+            torch.cuda.memory._dump_snapshot(path)
+            self._record("memory_snapshot", path)
+        finally:
+            torch.cuda.memory._record_memory_history(enabled=None)
+
+    def _record(self, kind: str, path: str, extra: dict[str, Any] | None = None) -> None:
+        """The artifact's row: now with the local path, or once uploaded with its URI
+        (``local_path`` in its meta); a failed upload logs one line and keeps the local row."""
+        meta = {**self._meta(), **(extra or {})}
+        writer = self._writer()
+        if self._uploads is None:
+            writer.add_artifact(kind, path, meta)
+            return
+
+        def done(uri: str | None, error: str | None) -> None:
+            if uri is None:
+                writer.log("warning", "artifacts", f"{kind} kept in the run folder only: {error}")
+                writer.add_artifact(kind, path, meta)
+            else:
+                writer.add_artifact(kind, uri, {**meta, "local_path": path})
+
+        self._uploads.submit(path, writer.run_id, self.rank, kind, done)
+
+    def _fail(self, exc: BaseException) -> None:
+        self.disabled = True
+        self.active = False
+        prof, self._prof = self._prof, None
+        if prof is not None:
+            with contextlib.suppress(Exception):
+                prof.__exit__(None, None, None)
+        if self._memory_history:
+            self._memory_history = False
+            try:
+                import torch  # local: see the note on torch
+
+                torch.cuda.memory._record_memory_history(enabled=None)
+            except Exception:
+                pass
+        with contextlib.suppress(Exception):
+            self._writer().log("warning", "capture", f"profiler capture disabled: {exc!r}")
+
+
+@contextlib.contextmanager
+def _quiet_kineto() -> Iterator[None]:
+    """Kineto's log level above all its levels while the profiler starts (module
+    docstring): the variable is read then, once per process; the user's own value wins,
+    and the job's environment is as it was afterwards."""
+    if KINETO_LOG_LEVEL_ENV in os.environ:
+        yield
+        return
+    os.environ[KINETO_LOG_LEVEL_ENV] = KINETO_QUIET_LEVEL
+    try:
+        yield
+    finally:
+        os.environ.pop(KINETO_LOG_LEVEL_ENV, None)
+
+
+@contextlib.contextmanager
+def _quiet_c10_warnings() -> Iterator[None]:
+    """c10's log level at ERROR around stepscope's own code only (module docstring).
+
+    Where torch's c10 library does not export its level (another build), nothing is
+    changed: the warning then prints, as it did without stepscope's capture.
+    """
+    level = _c10_log_level()
+    if level is None or level.value >= C10_ERROR:
+        yield
+        return
+    before = level.value
+    level.value = C10_ERROR
+    try:
+        yield
+    finally:
+        level.value = before
+
+
+_C10_LEVEL: list[Any] = []  # the ctypes view of c10's level, looked up once (or None)
+
+
+def _c10_log_level() -> Any:
+    """c10's ``FLAGS_caffe2_log_level`` as a ctypes int, from torch's own libc10; None
+    when this torch has no such library or symbol."""
+    if not _C10_LEVEL:
+        value = None
+        with contextlib.suppress(Exception):
+            import ctypes  # local: only to read c10's log level, once
+
+            import torch  # local: see the note on torch
+
+            lib_dir = os.path.join(os.path.dirname(torch.__file__), "lib")
+            for name in sorted(os.listdir(lib_dir)):
+                if name.startswith(("libc10.", "c10.")) and name.endswith(
+                    (".so", ".dylib", ".dll")
+                ):
+                    lib = ctypes.CDLL(os.path.join(lib_dir, name))
+                    value = ctypes.c_int.in_dll(lib, C10_LOG_LEVEL_SYMBOL)
+                    break
+        _C10_LEVEL.append(value)
+    return _C10_LEVEL[0]

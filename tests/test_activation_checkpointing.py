@@ -1,0 +1,259 @@
+"""Activation checkpointing applied with no code change, and experiments judged on memory.
+
+The fix finds repeated blocks by class and wraps them with torch's own checkpoint
+wrapper at the model's first call (``fixes/catalog/activation_checkpointing.py``); every
+trial records its peak memory at exit (``collectors/facts/peak_memory.py``) and each arm
+gets its median peak and its ratio to the baseline's (``verdict/peak_memory.py``);
+``optimize --goal memory`` keeps the lowest peak within the slowdown allowed. The jobs
+are real (tests/jobs/gpt_blocks.py: a GPT-style trainer with a Block class in a
+ModuleList and AdamW); peaks are compared with each other, never times.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from stepscope.app.cli.main import build_parser
+from stepscope.app.cli.verbs.optimize import optimize_refusal
+from stepscope.collectors.launch.launcher import launch_run
+from stepscope.fixes import get
+from stepscope.fixes.catalog.activation_checkpointing import repeated_blocks
+from stepscope.fixes.points import ModelCall
+from stepscope.optim_runner.verdict.peak_memory import (
+    memory_best,
+    parse_max_slowdown,
+    pick_lowest_peak,
+    trade_text,
+)
+from stepscope.store import RunStore
+
+JOBS = Path(__file__).resolve().parent / "jobs"
+JOB = JOBS / "gpt_blocks.py"
+# activations well above the weights: the checkpointed arm's peak RSS is clearly lower
+# (measured 748 MiB against 0.81x of it), a few seconds a trial on a loaded 2-core machine
+BIG = ("--dim", "128", "--blocks", "8", "--batch", "16", "--seq", "256")
+
+
+def _job_module() -> Any:
+    spec = importlib.util.spec_from_file_location("gpt_blocks", JOB)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _apply(model: torch.nn.Module, args: tuple = ()) -> list[tuple[str, Any]]:
+    """The fix's own hook, as the installer calls it at the model's first call."""
+    call = ModelCall(
+        fix="activation_checkpointing",
+        module=model,
+        inner=model,
+        device=torch.device("cpu"),
+        args=args,
+        torch=torch,
+    )
+    get("activation_checkpointing").on_model(call, {})
+    return [change for _, change in call.changes]
+
+
+def _loss_and_grads(model: torch.nn.Module, idx: torch.Tensor) -> tuple[float, list]:
+    logits = model(idx[:, :-1])
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 128), idx[:, 1:].reshape(-1))
+    loss.backward()
+    return float(loss.detach()), [p.grad.clone() for p in model.parameters()]
+
+
+# -- the fix, in process ------------------------------------------------------------------
+def test_repeated_blocks_are_wrapped_and_compute_the_same() -> None:
+    job = _job_module()
+    torch.manual_seed(0)
+    plain = job.GPT(128, 32, 3, 16)
+    wrapped = job.GPT(128, 32, 3, 16)
+    wrapped.load_state_dict(plain.state_dict())
+    assert [name for name, _ in repeated_blocks(wrapped, torch)] == [
+        "blocks.0",
+        "blocks.1",
+        "blocks.2",
+    ]
+    idx = torch.randint(0, 128, (2, 17), generator=torch.Generator().manual_seed(1))
+    (change,) = _apply(wrapped, (idx[:, :-1],))  # the probe forward runs on these inputs
+    assert change.applied and change.verified is True
+    assert "3 Block blocks" in change.text and "predicted saving" in change.text
+    saved = re.search(r"the blocks save ([\d.]+) MiB", change.text)
+    assert saved is not None and float(saved.group(1)) > 0
+    kinds = [type(b).__name__ for b in wrapped.blocks]
+    assert kinds == ["CheckpointWrapper"] * 3
+    # without inputs the probe cannot run: the block count, said as such
+    (counted,) = _apply(job.GPT(128, 32, 3, 16))
+    assert counted.applied and "predicted from the block count: about 2/3" in counted.text
+    loss_a, grads_a = _loss_and_grads(plain, idx)
+    loss_b, grads_b = _loss_and_grads(wrapped, idx)
+    assert loss_a == pytest.approx(loss_b, rel=1e-6)
+    for a, b in zip(grads_a, grads_b, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_no_repeated_blocks_is_not_applied_with_the_reason() -> None:
+    job = _job_module()
+    flat = job.Flat(128, 32)  # a Sequential of Linear, GELU, Linear: layers, not blocks
+    (change,) = _apply(flat)
+    assert not change.applied and "no repeated blocks" in change.text
+    assert not any(type(m).__name__ == "CheckpointWrapper" for m in flat.modules())
+    evaluating = job.GPT(128, 32, 2, 16).eval()
+    (change,) = _apply(evaluating)
+    assert not change.applied and "eval mode" in change.text
+
+
+# -- the memory goal, its arguments -------------------------------------------------------
+def test_max_slowdown_is_a_factor_or_a_percentage_and_bad_input_is_one_line(capsys) -> None:
+    assert parse_max_slowdown("1.5x") == parse_max_slowdown("50%") == parse_max_slowdown("0.5")
+    for bad in ("2", "0.5x", "-1x", "fast"):
+        with pytest.raises(ValueError, match="max slowdown"):
+            parse_max_slowdown(bad)
+    parser = build_parser()
+    for argv, says in (
+        (["--goal", "memory", "--max-slowdown", "2"], "max slowdown '2'"),
+        (["--goal", "speed"], "'speed': one of time, memory"),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            parser.parse_args(["optimize", "1", *argv])
+        assert exit_.value.code == 2 and says in capsys.readouterr().err
+    args = parser.parse_args(["optimize", "1", "--goal", "memory", "--max-slowdown", "1.3x"])
+    assert optimize_refusal(args) is None and args.max_slowdown == pytest.approx(1.3)
+    timed = parser.parse_args(["optimize", "1", "--max-slowdown", "2x"])
+    assert optimize_refusal(timed) == "--max-slowdown is for --goal memory"
+
+
+def _outcome(name: str, peak: float | None, speedup: float, **kw: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "fixes": [name],
+        "status": "completed",
+        "quality_ok": True,
+        "peak_ratio": peak,
+        "speedup": speedup,
+        "speedup_basis": "samples_per_s",
+        **kw,
+    }
+
+
+def test_the_memory_goal_keeps_the_lowest_peak_within_the_slowdown() -> None:
+    outcomes = [
+        _outcome("a", 0.41, 1 / 1.27),
+        _outcome("b", 0.30, 1 / 2.0),  # lower, but too slow for 1.5x
+        _outcome("c", 0.20, 1.0, quality_ok=False),  # the guard failed
+        _outcome("d", 1.02, 1.3),  # faster, no lower peak
+    ]
+    assert pick_lowest_peak(outcomes, 1.5)["name"] == "a"
+    assert pick_lowest_peak(outcomes, 2.5)["name"] == "b"
+    assert trade_text(outcomes[0]) == "peak 0.41x, 1.27x slower per sample"
+    top, answer = memory_best(outcomes[3:], 1.5)
+    assert top is None and "no candidate lowered the peak within 1.5x" in answer
+
+
+# -- real runs ------------------------------------------------------------------------------
+def _optimize(home: Path, run_id: int, *extra: str) -> dict[str, Any]:
+    out = subprocess.run(
+        [
+            *(sys.executable, "-m", "stepscope.app.cli", "--home", str(home), "optimize"),
+            *(str(run_id), "--fixes", "activation_checkpointing", "--trials", "1", "--json"),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_checkpointed_arm_has_a_lower_peak_and_the_same_loss(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    command = [sys.executable, str(JOB), "--steps", "4", *BIG]
+    run_id, code = launch_run(command, home=home, max_steps=4, quiet=True)
+    assert code == 0
+    result = _optimize(home, run_id, "--steps", "4", "--goal", "memory", "--max-slowdown", "100x")
+    (cand,) = result["candidates"]
+    assert cand["status"] == "completed", cand
+    assert result["baseline"]["peak_bytes"] > 0 and cand["peak_basis"] == "rss"
+    assert cand["peak_bytes"] < result["baseline"]["peak_bytes"]
+    assert cand["peak_ratio"] < 1 and cand["trade"].startswith(f"peak {cand['peak_ratio']:.2f}x")
+    assert cand["quality_ok"] is True  # the loss guard: the same loss
+    best = result["best"]
+    assert best["goal"] == "memory" and best["fixes"] == ["activation_checkpointing"]
+    assert "lowest peak within 100x" in best["answer"] and best["peak_ratio"] == cand["peak_ratio"]
+    with RunStore(home) as store:
+        recorded = store.run(run_id)
+        trial = store.run(cand["runs"][0])
+        base_trial = result["baseline"]["runs"][0]
+        losses = store.steps(cand["runs"][0])["loss"].to_numpy(dtype=float)
+        base_losses = store.steps(base_trial)["loss"].to_numpy(dtype=float)
+    assert recorded["config"]["peak_memory"]["rss_bytes"] > 0  # the recorded run has it too
+    applied = [e for e in trial["config"]["applied"] if e["fix"] == "activation_checkpointing"]
+    assert len(applied) == 1 and applied[0]["applied"] and applied[0]["verified"] is True
+    assert "8 Block blocks" in applied[0]["change"]
+    assert "predicted saving" in applied[0]["change"]  # the probe ran on the job's inputs
+    assert len(losses) == len(base_losses) == 4
+    np.testing.assert_allclose(losses, base_losses, rtol=1e-5)  # numerics unchanged
+
+
+def test_a_job_without_repeated_blocks_says_not_applied(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    command = [sys.executable, str(JOB), "--steps", "3", "--flat", "--batch", "2"]
+    run_id, code = launch_run(command, home=home, max_steps=3, quiet=True)
+    assert code == 0
+    result = _optimize(home, run_id, "--steps", "3", "--goal", "memory")
+    (cand,) = result["candidates"]
+    assert cand["status"] == "not_applied"
+    (why,) = cand["not_applied"]
+    assert why["fix"] == "activation_checkpointing" and "no repeated blocks" in why["why"]
+    assert (
+        result["best"]["fixes"] == []
+        and "no candidate lowered the peak" in (result["best"]["answer"])
+    )
+
+
+def test_a_hugging_face_model_gets_its_own_switch() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=16)
+    model = transformers.GPT2LMHeadModel(config).train()
+    (change,) = _apply(model)
+    assert change.applied and change.verified is True
+    assert "GPT2LMHeadModel.gradient_checkpointing_enable" in change.text
+    assert model.is_gradient_checkpointing
+
+
+def test_the_optimize_page_shows_each_arms_peak_and_the_memory_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stored memory-goal result: the candidates' table has the peak beside the time,
+    and the answer is the memory goal's."""
+    from dashboard_helpers import open_page, stored_experiment  # local: Streamlit
+
+    home = tmp_path / "home"
+    ids = stored_experiment(home)
+    with RunStore(home) as store:
+        result = store.experiment(ids["experiment"])["result"]
+        for c in result["candidates"]:
+            c["trade"] = "peak 0.41x, 1.27x slower per sample" if c["name"] != "all" else None
+        _, answer = memory_best([_outcome("prefetch_factor", 0.41, 1 / 1.27)], 1.5)
+        result["best"] = {**result["best"], "fixes": ["prefetch_factor"], "goal": "memory"}
+        result["best"]["answer"] = answer
+        store.update_experiment(ids["experiment"], result=result)
+    monkeypatch.setenv("STEPSCOPE_HOME", str(home))
+    at = open_page("optimize", experiment=str(ids["experiment"]))
+    assert not at.exception, [e.value for e in at.exception]
+    ablation = next(t.value for t in at.dataframe if "candidate" in t.value.columns)
+    ablation = ablation.set_index("candidate")
+    assert ablation.loc["prefetch_factor", "peak memory"] == "peak 0.41x, 1.27x slower per sample"
+    assert ablation.loc["all", "peak memory"] == "—"
+    assert [s.value for s in at.success] == [f"Goal memory: {answer}"]

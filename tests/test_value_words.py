@@ -1,0 +1,17 @@
+"""Counts read with their thousands grouped where settings are listed (issue 39)."""
+
+from __future__ import annotations
+
+from stepscope.app.dashboard.views.compare.run_diff import json_diff
+from stepscope.app.formats import fmt_value
+
+
+def test_parameter_counts_have_thousands_separators() -> None:
+    # "What changed" listed GPT-2's 124439808 parameters as one run of digits
+    a = {"model": {"class": "GPT2LMHeadModel", "parameters": 124439808, "layers": 12}}
+    b = {"model": {"class": "GPT2LMHeadModel", "parameters": 354823168, "layers": 24}}
+    rows = json_diff(a, b).set_index("setting")
+    assert rows.loc["model › parameters", "A"] == "124,439,808"
+    assert rows.loc["model › parameters", "B"] == "354,823,168"
+    assert rows.loc["model › layers", "B"] == "24"  # small numbers as they are
+    assert fmt_value(4) == "4" and fmt_value(True) == "yes" and fmt_value(0.5) == "0.5"
