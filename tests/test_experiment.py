@@ -56,11 +56,12 @@ FAILING = ("ddp_bucket_cap", "ddp_static_graph", "ddp_gradient_as_bucket_view")
 # allocator setting the runner puts in the job's environment
 WORKING = ("fused_optimizer", "cudnn_benchmark", "channels_last", "tf32", "expandable_segments")
 # Every trial must end well within it, also on a loaded machine (a 10-step trial takes
-# about 3 s alone).
-HANG_TIMEOUT_S = 25
+# about 3 s alone; in the full suite beside a Ray cluster, PostgreSQL and Chromium, a CI
+# run once saw two trials in a row fail at the former 25 s and 8 s limits).
+HANG_TIMEOUT_S = 90
 # The hanging trial stops stepping at its step 3 and is ended this long after (the job's
 # steps take about 0.1 s: a healthy trial never waits that long between two).
-STALL_S = 8
+STALL_S = 20
 
 
 def _effects_command(*effects: str) -> list[str]:
@@ -114,6 +115,8 @@ def experiment(recorded: tuple[Path, int]) -> dict[str, Any]:
         timeout=600,
     )
     assert out.returncode == 0, out.stderr
+    failed = [line for line in out.stderr.splitlines() if " failed" in line]
+    print("\n".join(failed))  # shown with a failing test: why an arm failed
     return {
         "home": home,
         "run_id": run_id,
@@ -158,7 +161,7 @@ def test_failing_candidates_are_recorded_and_the_others_complete(experiment) -> 
         assert "hanging" in hung_log.read_text()
         for name in WORKING:
             c = cands[name]
-            assert c["status"] == "completed" and c["error"] is None, c
+            assert c["status"] == "completed" and c["error"] is None, (name, c["error"])
             assert len(c["runs"]) == 2
             assert all(store.run(r)["status"] == "stopped" for r in c["runs"])
     assert not _job_processes(experiment["home"])  # the hung job's group was ended
