@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from streamlit.testing.v1 import AppTest
 
@@ -358,6 +359,34 @@ def stored_experiment(home: Path, *, new_fields: bool = True) -> dict[str, int]:
         result = experiment_result(experiment, base, trial, new_fields=new_fields)
         store.update_experiment(experiment, status="completed", ended_at=time.time(), result=result)
     return {"baseline": base, "trial": trial, "experiment": experiment}
+
+
+def memory_cli(
+    home: Path, *args: str, timeout: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The CLI on ``home`` for a job whose memory is measured or capped (in ``home``, no
+    ``STEPSCOPE_HOME``): one OpenMP thread (one allocator arena per thread: a steady address
+    space) and no busy repeats (the suite's two workers share two cores); ``env`` more."""
+    full = {k: v for k, v in os.environ.items() if k != "STEPSCOPE_HOME"}
+    full.update(OMP_NUM_THREADS="1", STEPSCOPE_BUSY_REPEATS="0", **(env or {}))
+    return subprocess.run(
+        [sys.executable, "-m", "stepscope.app.cli", "--home", str(home), *args],
+        cwd=home,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def wait_experiment(home: Path, experiment_id: int, timeout: float) -> dict[str, Any]:
+    """The experiment's row once it is no longer running (fails the test past ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    with RunStore(home) as store:
+        while (row := store.experiment(experiment_id))["status"] == "running":
+            assert time.monotonic() < deadline, row["progress"]
+            time.sleep(0.5)
+    return row
 
 
 def open_page(page: str, **params: str) -> AppTest:

@@ -1204,13 +1204,22 @@ def test_attach_when_the_process_is_gone_or_ends(attach_home: Path) -> None:
     with RunStore(attach_home) as store:
         assert len(store.runs()) == before  # nothing was recorded
 
-    ending = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"])
+    # It ends once the attach has sampled it, whatever the load: a process that slept 3 s
+    # was once gone before a loaded CI machine got from the refresh to the click.
+    ending = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
         at.button(key="attach_refresh").click().run()
         at.selectbox(key="attach_pid").set_value(ending.pid).run()
-        at.button(key="attach").click().run()  # 30 s asked for; it ends after about 3
+        at.button(key="attach").click().run()  # 30 s asked for; it ends long before
         no_errors(at)
-        run = wait_attach_done(attach_home, int(at.query_params["run"]))
+        run_id = int(at.query_params["run"])
+        deadline = time.monotonic() + 60
+        with RunStore(attach_home) as store:
+            while store.samples(run_id).empty:
+                assert time.monotonic() < deadline, store.run(run_id)
+                time.sleep(0.2)
+        end_process(ending)
+        run = wait_attach_done(attach_home, run_id)
     finally:
         end_process(ending)
     assert (run["status"], run["stop_reason"]) == ("completed", "process_ended")

@@ -113,6 +113,10 @@ def test_memory_cli_json_text_and_show(recorded: dict) -> None:
     assert show["memory"]["peak_bytes"] == data["peak_bytes"]
     assert "activations" in stepscope(home, "show", "blocks").stdout
     assert json.loads(stepscope(home, "show", "plain", "--json").stdout)["memory"] is None
+    # `analyze` of the run has the same section, beside its trace's report
+    analyzed = json.loads(stepscope(home, "analyze", str(ids["blocks"]), "--json").stdout)
+    assert analyzed["memory_breakdown"]["peak_bytes"] == data["peak_bytes"]
+    assert f"(stepscope memory {ids['blocks']})" in stepscope(home, "analyze", "blocks").stdout
 
 
 def test_api_memory_returns_frames(recorded: dict) -> None:

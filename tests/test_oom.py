@@ -13,12 +13,12 @@ the verdict's words; never times.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from dashboard_helpers import memory_cli
 
 from stepscope.app.cli.sizes import parse_size
 from stepscope.collectors.launch.memory_limit import (
@@ -41,17 +41,7 @@ TIMEOUT_S = 240
 
 
 def stepscope(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    env.pop("STEPSCOPE_HOME", None)
-    env["OMP_NUM_THREADS"] = "1"  # one allocator arena per thread: a steady address space
-    return subprocess.run(
-        [sys.executable, "-m", "stepscope.app.cli", "--home", str(home), *args],
-        cwd=home,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
+    return memory_cli(home, *args, timeout=TIMEOUT_S)
 
 
 def last_run(home: Path) -> dict:

@@ -15,13 +15,13 @@ happened (statuses, failure kinds, peaks against the limit), never times.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from dashboard_helpers import memory_cli
 
 from stepscope.optim_runner.trials.failures import ran_out_of_memory
 from stepscope.optim_runner.trials.plan import PlannedFix, memory_fixes
@@ -39,18 +39,7 @@ TIMEOUT_S = 480
 
 
 def stepscope(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    env.pop("STEPSCOPE_HOME", None)
-    env["OMP_NUM_THREADS"] = "1"  # one allocator arena per thread: a steady address space
-    env["STEPSCOPE_BUSY_REPEATS"] = "0"  # the suite's two workers share two cores
-    return subprocess.run(
-        [sys.executable, "-m", "stepscope.app.cli", "--home", str(home), *args],
-        cwd=home,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
+    return memory_cli(home, *args, timeout=TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")

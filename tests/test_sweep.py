@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from dashboard_helpers import wait_experiment
 from rich.console import Console
 from streamlit.testing.v1 import AppTest
 
@@ -118,18 +118,20 @@ def test_the_sweep_is_stored_as_an_experiment(swept) -> None:
     assert f"Knee: batch {result['knee']['batch_size']}" in text
 
 
-def test_a_training_run_is_refused_in_one_line(tmp_path: Path) -> None:
+def test_a_training_run_without_a_batch_size_is_refused_in_one_line(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    job = [sys.executable, str(JOBS / "train.py"), "--steps", "4"]
+    job = [sys.executable, str(JOBS / "gan.py")]  # no DataLoader, no batch flag
     run_id, code = launch_run(job, home=home, max_steps=4, quiet=True)
     assert code == 0
     out = _cli(home, "optimize", str(run_id), "--sweep", "batch")
     assert out.returncode == 1
     assert out.stderr.strip().splitlines() == [
-        f"stepscope: run {run_id} is not an inference job (it steps an optimizer or runs "
-        "backward): a batch-size sweep is for inference; for training try larger_batch "
-        "with --allow-numerics"
+        f"stepscope: run {run_id} has no batch size to change: no batch-size flag in its "
+        "command (--batch-size N, --batch_size N, --batch N, ...) and no DataLoader with a "
+        "batch size"
     ]
+    limited = _cli(home, "optimize", str(run_id), "--memory-limit", "2GB")
+    assert limited.returncode == 2 and "--memory-limit is for --sweep batch" in limited.stderr
 
 
 # -- the Optimize page -----------------------------------------------------------------------
@@ -167,12 +169,7 @@ def test_the_sweep_control_starts_a_sweep_in_the_background(swept, monkeypatch) 
     at.number_input(key="sweep_trials").set_value(1)
     at.number_input(key="sweep_steps").set_value(4)
     at.button(key="sweep").click().run()
-    experiment_id = int(at.query_params["experiment"])
-    deadline = time.monotonic() + 120
-    with RunStore(home) as store:
-        while (row := store.experiment(experiment_id))["status"] == "running":
-            assert time.monotonic() < deadline, row["progress"]
-            time.sleep(0.5)
+    row = wait_experiment(home, int(at.query_params["experiment"]), timeout=120)
     assert row["status"] == "completed", row["error"]
     assert row["config"]["factors"] == [1, 2] and row["config"]["steps"] == 4
     assert [r["batch_size"] for r in row["result"]["rows"]] == [BATCH, 2 * BATCH]

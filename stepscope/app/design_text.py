@@ -14,6 +14,7 @@ from typing import Any
 PHASES = {
     "confirm": "confirming the kept fixes",
     "leave_one_out": "leave-one-out from the fastest set",
+    "largest_batch": "confirming the largest batch that fits",
 }
 
 

@@ -78,12 +78,14 @@ def start_sweep(
     steps: int = DEFAULT_STEPS,
     trials: int = DEFAULT_TRIALS,
     timeout_s: float | None = None,
+    memory_limit: int | None = None,
 ) -> int:
     """Start a batch-size sweep in a background process; returns its experiment id at
-    once (a run that cannot be swept fails here, as a ValueError in one line)."""
+    once (a run that cannot be swept fails here, as a ValueError in one line).
+    ``memory_limit``: bytes a training job's largest batch must fit in (``run_sweep``)."""
     check_size(steps, trials)
     with RunStore(home) as store:
-        check_sweepable(store, baseline_run_id)
+        check_sweepable(store, baseline_run_id, memory_limit)
         config = {
             "kind": SWEEP_KIND,
             "sweep": "batch",
@@ -92,6 +94,7 @@ def start_sweep(
             "steps": steps,
             "trials": trials,
             "timeout_s": timeout_s,
+            "memory_limit": memory_limit,
         }
         return _spawn(store, baseline_run_id, config)
 
@@ -186,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                     trials=int(cfg.get("trials") or DEFAULT_TRIALS),
                     timeout_s=cfg.get("timeout_s"),
                     experiment_id=args.experiment,
+                    memory_limit=cfg.get("memory_limit"),
                 )
             else:
                 try:

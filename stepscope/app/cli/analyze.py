@@ -32,6 +32,7 @@ from stepscope.app.cli import term
 from stepscope.app.cli.analyze_hardware import print_phases, print_roofline
 from stepscope.app.cli.analyze_nodes import nodes_json, print_nodes, run_nodes
 from stepscope.app.cli.findings_output import print_findings
+from stepscope.app.cli.memory import memory_summary, print_memory_section
 from stepscope.app.cli.term import esc
 from stepscope.app.formats import fmt_pct
 from stepscope.store import RunNotFound, RunStore, StoreError
@@ -141,12 +142,13 @@ def cmd_analyze(
         print(f"stepscope: {', '.join(paths)}: out of memory while loading", file=sys.stderr)
         return 1
     diagnosis: Diagnosis
-    nodes = None
+    nodes = memory = None
     if len(runs) == 1:
         # One run: every kind of evidence it has (steps, samples, facts), saved with it.
         with RunStore() as store:
             diagnosis = diagnose_run(store, runs[0], report=report, save=save)
             nodes = run_nodes(store, runs[0], report)
+            memory = memory_summary(store, runs[0])  # where its peak goes, if captured
     else:
         diagnosis = diagnose_report(report)
     if as_json:
@@ -155,6 +157,8 @@ def cmd_analyze(
             data["run_id"] = runs[0]
         if nodes is not None:
             data["ranks_by_node"] = nodes_json(nodes)
+        if len(runs) == 1:
+            data["memory_breakdown"] = memory
         data["diagnosis_level"] = diagnosis.level
         data["findings"] = diagnosis.to_json()
         data["reason"] = diagnosis.reason  # why there is nothing to diagnose, if so
@@ -174,6 +178,8 @@ def cmd_analyze(
         )
     if nodes is not None:
         print_nodes(term.console(), nodes)
+    if len(runs) == 1:
+        print_memory_section(term.console(), runs[0], memory)
     print_findings(diagnosis)
     return 0
 

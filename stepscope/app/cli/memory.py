@@ -17,6 +17,7 @@ from stepscope.analyzers.trace.memory_peak import MemoryBreakdown
 from stepscope.app.cli import term
 from stepscope.app.cli.term import esc, print_json
 from stepscope.app.formats import fmt_bytes, fmt_pct
+from stepscope.errors import one_line_error
 from stepscope.store import RunStore
 
 
@@ -50,6 +51,28 @@ def memory_lines(b: MemoryBreakdown) -> list[str]:
         top = ", ".join(f"{r.module} {fmt_bytes(r.bytes)}" for r in b.modules.head(3).itertuples())
         lines.append(f"modules holding the most at the peak: {top}")
     return lines
+
+
+def memory_summary(store: Any, run_id: int) -> dict[str, Any] | None:
+    """The Memory section: the peak's split and its lines (``stepscope memory`` has the
+    tables); None for a run without a memory timeline. A file that cannot be read is
+    its one line in ``problems``, never the end of `show` or `analyze`."""
+    if "memory_timeline" not in set(store.artifacts(run_id)["kind"]):
+        return None
+    try:
+        breakdown = run_memory(store, run_id)
+    except NoMemoryData:
+        return None
+    except Exception as exc:  # the rest of the summary is shown all the same
+        return {"lines": [], "problems": [one_line_error(type(exc), exc)]}
+    return {**breakdown.to_dict(), "lines": memory_lines(breakdown)}
+
+
+def print_memory_section(console: Any, run_id: int, mem: dict[str, Any] | None) -> None:
+    """`show`'s and `analyze`'s few memory lines (``memory_summary``); nothing without."""
+    if mem:
+        console.print(f"[bold]memory[/] (stepscope memory {run_id})")
+        console.print("\n".join(esc(line) for line in [*mem["problems"], *mem["lines"]]))
 
 
 def print_memory(console: Any, run_id: int, b: MemoryBreakdown) -> None:

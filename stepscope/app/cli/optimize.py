@@ -42,6 +42,7 @@ def cmd_optimize(
     as_json: bool = False,
     sweep: str | None = None,
     batch_factors: str | None = None,
+    memory_limit: int | None = None,
 ) -> int:
     """Run an experiment (or, with ``sweep``, a batch-size sweep) on ``run_ref`` and report
     it; the exit status. ``options``: the experiment's, as the CLI parsed them."""
@@ -51,7 +52,13 @@ def cmd_optimize(
         from stepscope.app.cli.sweep import cmd_sweep
 
         return cmd_sweep(
-            run_ref, batch_factors, options.steps, options.trials, options.timeout_s, as_json
+            run_ref,
+            batch_factors,
+            options.steps,
+            options.trials,
+            options.timeout_s,
+            as_json,
+            memory_limit=memory_limit,
         )
     result, code = followed(
         run_ref,

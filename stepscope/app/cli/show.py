@@ -19,13 +19,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from stepscope.analyzers.report.run_memory import NoMemoryData, run_memory
 from stepscope.analyzers.rules.diagnosis import saved_diagnosis
 from stepscope.analyzers.steps.generation import generation_summary
 from stepscope.analyzers.steps.step_stats import summarize_steps
 from stepscope.app.applied import applied_changes, state, trial_label
 from stepscope.app.cli import term
-from stepscope.app.cli.memory import memory_lines
+from stepscope.app.cli.memory import memory_summary, print_memory_section
 from stepscope.app.cli.runs import run_duration
 from stepscope.app.cli.term import esc, print_json, status_text
 from stepscope.app.cli.verdict import verdict_lines
@@ -165,21 +164,6 @@ def diagnosis_summary(store: Any, run_id: int) -> dict[str, Any] | None:
     }
 
 
-def memory_summary(store: Any, run_id: int) -> dict[str, Any] | None:
-    """The Memory section: the peak's split and its lines (``stepscope memory`` has the
-    tables); None for a run without a memory timeline. A file that cannot be read is
-    its one line in ``problems``, never the end of `show`."""
-    if "memory_timeline" not in set(store.artifacts(run_id)["kind"]):
-        return None
-    try:
-        breakdown = run_memory(store, run_id)
-    except NoMemoryData:
-        return None
-    except Exception as exc:  # the rest of the summary is shown all the same
-        return {"lines": [], "problems": [one_line_error(type(exc), exc)]}
-    return {**breakdown.to_dict(), "lines": memory_lines(breakdown)}
-
-
 def cmd_show(ref: str, as_json: bool) -> int:
     with RunStore() as store:
         run_id = store.resolve_run(ref)
@@ -245,10 +229,7 @@ def _print_show(d: dict[str, Any]) -> None:
     console.print(st)
     _print_latency(console, d["latency"])
     _print_generation(console, gen, live=d["status"] == "running")
-    mem = d.get("memory")
-    if mem:
-        console.print("[bold]memory[/] (stepscope memory " + str(d["id"]) + ")")
-        console.print("\n".join(esc(line) for line in [*mem["problems"], *mem["lines"]]))
+    print_memory_section(console, d["id"], d.get("memory"))
 
     metrics = d["samples"]["metrics"]
     shown = [(k, label, kind) for k, label, kind in _SHOWN_SAMPLES if k in metrics]

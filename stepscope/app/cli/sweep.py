@@ -15,7 +15,9 @@ from stepscope.app.cli import term
 from stepscope.app.cli.experiment_follow import followed
 from stepscope.app.cli.term import esc
 from stepscope.app.formats import fmt_pct, fmt_ratio, fmt_s
+from stepscope.app.largest_batch_text import largest_batch_lines
 from stepscope.optim_runner.sweeps.sweep import parse_factors, run_sweep
+from stepscope.optim_runner.verdict.fits import size_text
 
 BAR_WIDTH = 24
 
@@ -27,6 +29,7 @@ def cmd_sweep(
     trials: int,
     timeout: float | None,
     as_json: bool,
+    memory_limit: int | None = None,
 ) -> int:
     try:
         chosen = parse_factors(factors) if factors else None  # None: the run's kind's default
@@ -38,7 +41,14 @@ def cmd_sweep(
         "sweep",
         "sweep",
         lambda store, run_id, progress: run_sweep(
-            store, run_id, chosen, steps, trials, timeout, progress=progress
+            store,
+            run_id,
+            chosen,
+            steps,
+            trials,
+            timeout,
+            progress=progress,
+            memory_limit=memory_limit,
         ),
     )
     if result is None:
@@ -62,29 +72,37 @@ def render_sweep(result: dict[str, Any], console: Any) -> None:
     rows = result["rows"]
     best = max((r.get("samples_per_s") or 0.0 for r in rows), default=0.0)
     table = term.table(title="Per batch size", title_justify="left")
-    for col in ("factor", "batch", "samples/s", "95 % CI", "p50 / batch", "p99 / batch", ""):
+    training = result.get("largest_batch") is not None
+    columns = ["factor", "batch", "samples/s", "95 % CI", "p50 / batch", "p99 / batch"]
+    for col in [*columns, *(["peak memory"] if training else []), ""]:
         table.add_column(col)
     knee = result.get("knee") or {}
     for r in rows:
+        peak = [size_text(r.get("peak_bytes")) if r.get("peak_bytes") else "-"] if training else []
         if r.get("status") != "completed":
-            why = f"[red]{esc(r.get('status'))}: {esc(r.get('error') or '')}[/]"
-            table.add_row(f"x{r['factor']}", "-", why, "", "", "", "")
+            why = f"[red]{esc(r.get('status'))}: {esc(_short_error(r))}[/]"
+            table.add_row(_factor(r), str(r.get("batch_size") or "-"), why, "", "", "", *peak, "")
             continue
         sps = r.get("samples_per_s")
         bar = "#" * round(BAR_WIDTH * sps / best) if sps and best else ""
         mark = "  [bold green]<- knee[/]" if r["factor"] == knee.get("factor") else ""
         table.add_row(
-            f"x{r['factor']}",
+            _factor(r),
             _batch(r),
             f"{sps:.4g}" if sps else "-",
             _interval(r.get("samples_per_s_ci"), 1.0),
             _ms(r.get("p50_s"), r.get("p50_ci")),
             _ms(r.get("p99_s"), r.get("p99_ci")),
+            *peak,
             bar + mark,
         )
     console.print(table)
     if knee:
         console.print(f"[bold]Knee: batch {knee.get('batch_size')}[/] — {esc(knee['why'])}")
+    if training:
+        for line in largest_batch_lines(result["largest_batch"]):
+            if line:
+                console.print(esc(line))
     console.print(f"[dim]{esc(result.get('numerics') or '')}[/dim]")
     warning = (result.get("contention") or {}).get("warning")
     if warning:
@@ -136,6 +154,19 @@ def render_generation_sweep(result: dict[str, Any], console: Any) -> None:
     warning = (result.get("contention") or {}).get("warning")
     if warning:
         console.print(f"[bold yellow]warning: {esc(warning)}[/]")
+
+
+def _short_error(row: dict[str, Any]) -> str:
+    """A failed row's error in a table cell: 'ran out of memory', or its first 80 chars."""
+    if row.get("failure") == "oom":
+        return "ran out of memory"
+    error = row.get("error") or ""
+    return error if len(error) <= 80 else error[:79] + "…"
+
+
+def _factor(row: dict[str, Any]) -> str:
+    """'x4', or 'fit' for a run the largest-batch search added."""
+    return "fit" if row.get("confirm") else f"x{row['factor']:g}"
 
 
 def _batch(row: dict[str, Any]) -> str:

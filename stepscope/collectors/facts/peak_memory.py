@@ -5,7 +5,9 @@ The system sampler's RSS samples (``proc.rss_bytes``) are one a second and miss 
 that lasts a backward pass; the kernel keeps the process's true high-water mark
 (``ru_maxrss``), and torch's CUDA allocator keeps its own (``max_memory_allocated``,
 ``max_memory_reserved``). CUDA is read only where the job initialised it: a CPU-only job
-never touches CUDA from here.
+never touches CUDA from here. On Linux the peak address space (``VmPeak``) is read too:
+it is what ``--memory-limit`` (RLIMIT_AS) caps, so the largest batch under a limit is
+predicted from it (``optim_runner/sweeps/largest_batch.py``), not from the RSS.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from typing import Any
 
 
 def peak_memory() -> dict[str, Any]:
-    """``{"rss_bytes": ..., "cuda_allocated_bytes": ..., "cuda_reserved_bytes": ...}``,
-    each present only where it could be read."""
+    """``{"rss_bytes": ..., "vm_peak_bytes": ..., "cuda_allocated_bytes": ...,
+    "cuda_reserved_bytes": ...}``, each present only where it could be read."""
     out: dict[str, Any] = {}
     with contextlib.suppress(Exception):
         import resource
@@ -25,6 +27,11 @@ def peak_memory() -> dict[str, Any]:
         maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         # Linux reports KiB, macOS bytes
         out["rss_bytes"] = float(maxrss if sys.platform == "darwin" else maxrss * 1024)
+    with contextlib.suppress(Exception), open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmPeak:"):  # "VmPeak:  2345678 kB"
+                out["vm_peak_bytes"] = float(int(line.split()[1]) * 1024)
+                break
     torch = sys.modules.get("torch")
     with contextlib.suppress(Exception):
         if torch is not None and torch.cuda.is_initialized():

@@ -20,10 +20,14 @@ def _choose_params(ctx: Any, finding: str | None) -> tuple[dict[str, Any], str]:
 def _on_loader(call: LoaderCall, params: dict[str, Any]) -> None:
     if call.params.get("batch_sampler") is not None:
         return  # the sampler makes the batches: no batch_size to scale
-    factor = int(params.get("factor") or LARGER_BATCH_FACTOR)
     size = call.params.get("batch_size", 1)
-    if size:  # the fix itself: consent was given, so an explicit value is replaced too
-        call.set("batch_size", size * factor, f"batch_size {size} -> {size * factor}")
+    if not size:
+        return
+    # the fix itself: consent was given, so an explicit value is replaced too; a batch
+    # sweep's confirming run asks for one size exactly (``sweeps/largest_batch.py``)
+    factor = int(params.get("factor") or LARGER_BATCH_FACTOR)
+    new = int(params.get("batch_size") or size * factor)
+    call.set("batch_size", new, f"batch_size {size} -> {new}")
 
 
 # An inference loop has no optimizer step and no learning rate to keep equal.

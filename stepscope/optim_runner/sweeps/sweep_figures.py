@@ -34,14 +34,18 @@ def applied_batch(store: Any, runs: list[int]) -> int | None:
     return None
 
 
-def arm_figures(store: Any, runs: list[int]) -> dict[str, Any]:
+def arm_figures(store: Any, runs: list[int], batch_size: int | None = None) -> dict[str, Any]:
     """Samples/s, p50 and p99 latency per batch (95 % bootstrap intervals) over the arm's
-    trials, warm-up left out of each."""
+    trials, warm-up left out of each. ``batch_size``: the batch the arm asked for, taken
+    for steps that do not know theirs (a job that makes its batches without a DataLoader,
+    swept through its command line's batch flag)."""
     times, per_sample, batches = [], [], []
     for run_id in runs:
         steps = store.steps(run_id)
         if steps.empty:
             continue
+        if batch_size and ("batch_size" not in steps or steps["batch_size"].isna().all()):
+            steps = steps.assign(batch_size=float(batch_size))
         times.append(timed_step_times(steps))
         sps = sec_per_sample(steps)
         if sps is not None:

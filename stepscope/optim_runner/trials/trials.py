@@ -46,6 +46,9 @@ class Arm:
     not_applied: list[dict[str, str]] = field(default_factory=list)  # [{"fix", "why"}]
     plan: dict[str, Any] = field(default_factory=dict)  # more for its plan file (a sweep's)
     stopped: str | None = None  # why an adaptive experiment stopped giving it trials
+    # a training batch sweep's arm: the baseline's command with another batch-size value
+    # (``sweeps/batch_flag.py``), built here from the checked command, never read back
+    command: list[str] | None = None
 
     @property
     def fix_ids(self) -> list[str]:
@@ -117,7 +120,7 @@ def launch_trial(
     env = replayed_env(base)  # the signed allow-list only: never the row's other variables
     env.update(planning.plan_env(arm.fixes, env))
     run_id, _exit_code = launch_run(
-        base["command"],
+        arm.command or base["command"],
         name=f"{base['name']} [{arm.name} #{k + 1}]",
         max_steps=config["steps"],
         home=store.home,
@@ -135,8 +138,10 @@ def launch_trial(
         timeout_s=timeout_s,
         stall_s=stall_s,
         quiet=True,
-        # the baseline's memory cap holds for every trial: a fix is judged under it
-        memory_limit=(base.get("config") or {}).get(MEMORY_LIMIT_KEY),
+        # the baseline's memory cap holds for every trial: a fix is judged under it (a
+        # batch sweep may set its own: the limit its largest batch must fit under)
+        memory_limit=config.get(MEMORY_LIMIT_KEY)
+        or (base.get("config") or {}).get(MEMORY_LIMIT_KEY),
         plan={
             **planning.plan_document(
                 arm.fixes,

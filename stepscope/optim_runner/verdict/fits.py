@@ -34,7 +34,9 @@ def size_text(n: float | None) -> str:
         return "?"
     if n >= 1e9:
         return f"{n / 1e9:.3g} GB"
-    return f"{n / 1e6:.0f} MB"
+    if n >= 1e6:
+        return f"{n / 1e6:.0f} MB"
+    return f"{n / 1e3:.0f} kB"  # a per-sample share of a peak
 
 
 def fit_outcome(store: Any, arm: Arm) -> dict[str, Any]:

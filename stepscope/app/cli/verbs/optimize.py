@@ -13,6 +13,7 @@ import argparse
 import sys
 from typing import Any
 
+from stepscope.app.cli.sizes import parse_size
 from stepscope.optim_runner.experiment.adaptive import check_budget
 from stepscope.optim_runner.experiment.options import ExperimentOptions
 
@@ -34,15 +35,23 @@ def register(sub: Any) -> None:
     opt.add_argument(
         "--sweep",
         choices=("batch",),
-        help="instead of fixes: re-run an inference job at several batch sizes (a generation "
-        "job: its own requests' prompts, batched) and report throughput and p99 latency per "
-        "batch size (no --allow-numerics needed)",
+        help="instead of fixes: re-run the job at several batch sizes and report throughput, "
+        "p99 latency and peak memory per batch size (a generation job: its own requests' "
+        "prompts, batched; a training job: also the largest batch that fits in memory, "
+        "predicted and confirmed by a run)",
     )
     opt.add_argument(
         "--batch-factors",
         metavar="F,...",
         help="with --sweep batch: factors of the job's batch size (default 1,2,4,8); for a "
         "generation job the batch sizes (default 1,2,4,8,16), and --steps the requests replayed",
+    )
+    opt.add_argument(
+        "--memory-limit",
+        metavar="SIZE",
+        help="with --sweep batch on a CPU training job: the memory (address space, e.g. 2.5GB) "
+        "every trial runs under and the largest batch must fit in (default: the run's own "
+        "--memory-limit; a GPU job's limit is its device's memory)",
     )
     opt.add_argument("--json", action="store_true", help="print JSON")
     opt.set_defaults(func=run_optimize)
@@ -52,6 +61,15 @@ def optimize_refusal(args: argparse.Namespace) -> str | None:
     """One line that says why these arguments cannot run (exit 2), or None."""
     if args.sweep is not None and (args.budget_min is not None or args.full):
         return "--budget and --full are for experiments with fixes, not --sweep"
+    if args.memory_limit is not None:
+        if args.sweep is None:
+            return (
+                "--memory-limit is for --sweep batch (an experiment's trials run under the run's)"
+            )
+        try:
+            parse_size(args.memory_limit)
+        except ValueError as exc:
+            return f"--memory-limit: {exc}"
     if args.max_slowdown is not None and args.goal != "memory":
         return "--max-slowdown is for --goal memory"
     try:
@@ -74,6 +92,7 @@ def run_optimize(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         as_json=args.json,
         sweep=args.sweep,
         batch_factors=args.batch_factors,
+        memory_limit=parse_size(args.memory_limit) if args.memory_limit else None,
     )
 
 

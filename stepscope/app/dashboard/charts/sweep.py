@@ -129,4 +129,56 @@ def generation_curve(
     )
 
 
-__all__ = ["generation_curve", "sweep_curve"]
+def peak_curve(
+    rows: Sequence[Mapping[str, Any]], largest: Mapping[str, Any] | None
+) -> go.Figure | None:
+    """A training sweep's peak memory per batch size (GB), the line fitted to it, the
+    limit, and the batch sizes that ran out of memory marked on the limit; None without
+    two measured peaks."""
+    done = [r for r in rows if r.get("peak_bytes") and r.get("batch_size")]
+    if len(done) < 2:
+        return None
+    x = [int(r["batch_size"]) for r in done]
+    fig = go.Figure()
+    fig.add_scatter(
+        x=x,
+        y=[float(r["peak_bytes"]) / 1e9 for r in done],
+        name="peak memory (GB)",
+        mode="markers",
+        marker={"color": SIDE_COLORS[0], "size": 9},
+        hovertemplate="batch %{x}: peak %{y:.3g} GB<extra></extra>",
+    )
+    largest = largest or {}
+    limit, fit = largest.get("limit_bytes"), largest.get("fit")
+    out = [int(r["batch_size"]) for r in rows if r.get("failure") == "oom" and r.get("batch_size")]
+    if fit:
+        ends = [min(x), max([*x, *out])]
+        fig.add_scatter(
+            x=ends,
+            y=[(fit["fixed_bytes"] + fit["per_sample_bytes"] * b) / 1e9 for b in ends],
+            name="fitted: fixed + bytes per sample",
+            mode="lines",
+            line={"color": SIDE_COLORS[1], "dash": "dot"},
+            hoverinfo="skip",
+        )
+    if limit:
+        fig.add_hline(
+            y=limit / 1e9,
+            line_dash="dash",
+            line_color="#E45756",
+            annotation_text=f"limit {limit / 1e9:.3g} GB",
+        )
+        if out:
+            fig.add_scatter(
+                x=out,
+                y=[limit / 1e9] * len(out),
+                name="ran out of memory",
+                mode="markers",
+                marker={"color": "#E45756", "symbol": "x", "size": 11},
+                hovertemplate="batch %{x}: ran out of memory<extra></extra>",
+            )
+    fig.update_xaxes(title="batch size")
+    return layout(fig, 320, yaxis={"title": "peak memory (GB)", "rangemode": "tozero"})
+
+
+__all__ = ["generation_curve", "peak_curve", "sweep_curve"]

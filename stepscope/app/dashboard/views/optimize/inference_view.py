@@ -15,12 +15,14 @@ import streamlit as st
 
 from stepscope.analyzers.steps.latency import is_inference
 from stepscope.app.dashboard import data
-from stepscope.app.dashboard.charts.sweep import sweep_curve
+from stepscope.app.dashboard.charts.sweep import peak_curve, sweep_curve
+from stepscope.app.dashboard.views.optimize.largest_batch_view import answer_view
 from stepscope.app.dashboard.views.optimize.option_inputs import option_input
 from stepscope.app.dashboard.views.optimize.sweep_button import sweep_button
 from stepscope.app.formats import fmt_s
 from stepscope.optim_runner.experiment.experiment import DEFAULT_TRIALS
 from stepscope.optim_runner.sweeps.sweep import DEFAULT_FACTORS, SWEEP_KIND, parse_factors
+from stepscope.optim_runner.verdict.fits import size_text
 
 SWEEP_STEPS = 20  # a sweep's default steps per trial: per batch size, the tail needs steps
 
@@ -99,6 +101,7 @@ def result_view(row: dict[str, Any]) -> None:
     if not rows:
         st.warning(f"Sweep {row['id']} ended without a result.", icon=":material/warning:")
         return
+    answer_view(result)  # a training sweep's largest batch
     knee = result.get("knee")
     if knee:
         st.success(
@@ -113,6 +116,9 @@ def result_view(row: dict[str, Any]) -> None:
     fig = sweep_curve(rows, knee)
     if fig is not None:
         st.plotly_chart(fig, key="sweep_curve")
+    peaks = peak_curve(rows, result.get("largest_batch"))
+    if peaks is not None:  # a training sweep
+        st.plotly_chart(peaks, key="sweep_peaks")
     st.caption(
         f"{result['trials']} trials × {result['steps']} steps per batch size, interleaved; "
         "latency is each step's wall time (one batch, its data wait included), warm-up "
@@ -122,7 +128,7 @@ def result_view(row: dict[str, Any]) -> None:
 
 def _table_row(r: dict[str, Any], knee: dict[str, Any] | None) -> dict[str, Any]:
     return {
-        "factor": f"x{r['factor']}",
+        "factor": "fit" if r.get("confirm") else f"x{r['factor']:g}",
         "batch size": r.get("batch_size"),
         "loader batch (read back)": r.get("applied"),
         "samples/s": r.get("samples_per_s"),
@@ -130,6 +136,11 @@ def _table_row(r: dict[str, Any], knee: dict[str, Any] | None) -> dict[str, Any]
         "p50 / batch": _ms(r.get("p50_s")),
         "p99 / batch": _ms(r.get("p99_s")),
         "p99 95 % CI": "—" if not r.get("p99_ci") else "–".join(map(fmt_s, r["p99_ci"])),
+        **(
+            {"peak memory": size_text(r["peak_bytes"]) if r.get("peak_bytes") else "—"}
+            if "peak_key" in r
+            else {}
+        ),
         "status": r.get("status") if r.get("status") != "completed" else "ok",
         "knee": "◀ knee" if knee and r["factor"] == knee.get("factor") else "",
         "trial runs": ", ".join(f"#{x}" for x in r.get("runs") or []),

@@ -176,11 +176,13 @@ def _outcome(e: dict[str, Any]) -> str:
     if e["status"] == "failed":
         lines = str(e.get("error") or "").strip().splitlines()
         return "cancelled" if lines == ["interrupted"] else (lines[0] if lines else "failed")
-    if knee := (e.get("result") or {}).get(
-        "knee"
-    ):  # a batch-size sweep (optim_runner/sweeps/sweep.py)
+    result = e.get("result") or {}
+    largest = result.get("largest_batch") or {}  # a training job's sweep
+    if largest.get("batch_size") and largest.get("limit_bytes"):
+        return f"batch sweep: largest batch that fits {largest['batch_size']}"
+    if knee := result.get("knee"):  # a batch-size sweep (optim_runner/sweeps/sweep.py)
         return f"batch sweep: knee at batch {knee.get('batch_size')}"
-    best = (e.get("result") or {}).get("best") or {}
+    best = result.get("best") or {}
     if best.get("fixes"):
         return f"keep {', '.join(best['fixes'])}: {best['speedup']:.2f}x"
     return "no fix kept"

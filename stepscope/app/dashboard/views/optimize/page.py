@@ -21,6 +21,7 @@ from stepscope.app.dashboard.views.optimize import experiment_progress as progre
 from stepscope.app.dashboard.views.optimize import experiment_view as ev
 from stepscope.app.dashboard.views.optimize import generation_sweep_view as generation
 from stepscope.app.dashboard.views.optimize import inference_view as inference
+from stepscope.app.dashboard.views.optimize import largest_batch_view as largest_batch
 from stepscope.app.dashboard.views.optimize import optimize_history as history
 from stepscope.app.dashboard.views.optimize import optimize_setup as setup
 from stepscope.app.dashboard.views.run import run_actions
@@ -101,6 +102,7 @@ if row is None:
     setup.show(home, header, d, busy, experiments)
     inference.start_form(home, header, d.steps, busy)  # inference runs only
     generation.start_form(home, header, d.steps, busy)  # generation runs only
+    largest_batch.start_form(home, header, d.steps, busy)  # training runs with a batch size
 else:
     ev.header(row)
     if row["status"] == "running":

@@ -23,6 +23,7 @@ def sweep_button(
     sizes: list[int],
     steps: int,
     trials: int,
+    memory_limit: int | None = None,
 ) -> None:
     """Disabled, with the reason on hover, where the run's command is not this user's or
     another experiment on it is running; on a click the sweep starts and the page shows it.
@@ -41,7 +42,12 @@ def sweep_button(
         return
     try:
         experiment_id = start_sweep(
-            home, int(run["id"]), factors=sizes, steps=int(steps), trials=int(trials)
+            home,
+            int(run["id"]),
+            factors=sizes,
+            steps=int(steps),
+            trials=int(trials),
+            memory_limit=memory_limit,
         )
     except ValueError as exc:
         st.error(f"Not started: {data.one_line(exc)}", icon=":material/error:")
