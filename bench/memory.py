@@ -16,14 +16,15 @@ makes the peak uneven in the batch (``optim_runner/sweeps/largest_batch.py``). P
 the sweep's first prediction (from its own batches), the batch it found and the runs it
 spent, the batch found by hand and its runs.
 
-**Checkpointing's saving.** The same trainer at batch 8, twelve blocks, without a limit:
+**Checkpointing's saving.** The same trainer at batch 8, twelve blocks, without a limit,
+under both allocator settings:
 ``stepscope optimize --fixes activation_checkpointing --goal memory --trials 2``; the
 saving the fix predicted in the job (``predict_saving``: the blocks' saved bytes from a
 probe forward, less one block and their inputs), read from the trial's applied change,
 against the measured one (the baseline's peak minus the arm's: RSS, and the address
 space). The issue's goal: within 25 %.
 
-**What the memory section costs the analysis.** The same twelve-block trainer recorded
+**What the memory section costs the analysis.** The trainer with two blocks recorded
 with its default capture (trace and memory timeline), then, side by side in one process:
 the whole of ``stepscope analyze RUN --json`` (a subprocess, as a user runs it) and the
 memory section alone (``memory_summary``: the timeline read, the peak split, the blocks
@@ -55,6 +56,8 @@ SMALL = ("--layers", "6", "--dim", "64", "--seq", "256", "--vocab", "256", "--st
 LIMIT = "1.6GB"
 FIXED_THRESHOLD = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
 DEEP = ("--layers", "12", "--dim", "64", "--seq", "256", "--vocab", "256", "--batch", "8")
+# small enough that its capture's trace stays under the memory timeline's 1 MiB bound
+CAPTURED = ("--layers", "2", "--dim", "64", "--seq", "128", "--vocab", "256", "--batch", "4")
 
 
 def stepscope(
@@ -131,14 +134,16 @@ def largest_batch_row(allocator: str, env: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def saving_row() -> dict[str, Any]:
+def saving_row(allocator: str, env: dict[str, str]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
-        stepscope(home, "run", "--no-profile", "--", sys.executable, GPT, *DEEP, "--steps", "6")
+        stepscope(
+            home, "run", "--no-profile", "--", sys.executable, GPT, *DEEP, "--steps", "6", env=env
+        )
         base = last_run(home)
         proc = stepscope(
             home, "optimize", str(base["id"]), "--fixes", "activation_checkpointing",
-            "--goal", "memory", "--trials", "2", "--steps", "4", "--json",
+            "--goal", "memory", "--trials", "2", "--steps", "4", "--json", env=env,
         )  # fmt: skip
         if proc.returncode != 0:
             raise RuntimeError(proc.stderr[-2000:])
@@ -160,6 +165,7 @@ def saving_row() -> dict[str, Any]:
     rss = median(base_runs, "rss_bytes") - median(runs, "rss_bytes")
     vm = median(base_runs, "vm_peak_bytes") - median(runs, "vm_peak_bytes")
     return {
+        "allocator": allocator,
         "predicted_bytes": predicted,
         "measured_rss_bytes": rss,
         "measured_vm_bytes": vm,
@@ -173,7 +179,7 @@ def section_cost(reps: int = 5) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
-        stepscope(home, "run", "--", sys.executable, GPT, *DEEP, "--steps", "6")
+        stepscope(home, "run", "--", sys.executable, GPT, *CAPTURED, "--steps", "6")
         run_id = last_run(home)["id"]
         whole, section = [], []
         for _ in range(reps):
@@ -224,15 +230,17 @@ def main() -> int:
                 console.print(f"{r['allocator']}: {r['note']}")
         out["largest_batch"] = rows
     if args.only in (None, "saving"):
-        row = saving_row()
+        rows = [saving_row("glibc default", {}), saving_row("threshold fixed", FIXED_THRESHOLD)]
         mib = 2**20
-        console.print(
-            f"activation_checkpointing: predicted {row['predicted_bytes'] / mib:.0f} MiB; measured "
-            f"{row['measured_rss_bytes'] / mib:.0f} MiB resident "
-            f"({row['rss_over_predicted']:.2f}x), {row['measured_vm_bytes'] / mib:.0f} MiB of "
-            f"address space ({row['vm_over_predicted']:.2f}x)"
-        )
-        out["saving"] = row
+        for row in rows:
+            console.print(
+                f"activation_checkpointing, {row['allocator']}: predicted "
+                f"{row['predicted_bytes'] / mib:.0f} MiB; measured "
+                f"{row['measured_rss_bytes'] / mib:.0f} MiB resident "
+                f"({row['rss_over_predicted']:.2f}x), {row['measured_vm_bytes'] / mib:.0f} MiB "
+                f"of address space ({row['vm_over_predicted']:.2f}x)"
+            )
+        out["saving"] = rows
     if args.only in (None, "cost"):
         row = section_cost()
         console.print(
