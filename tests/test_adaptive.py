@@ -550,20 +550,24 @@ def test_arms_between_alike_ones_get_no_trial_in_a_real_experiment(
     # the workers, and whatever leave-one-out from all (when all measured fastest) kept
     assert result["best"]["fixes"][0] == "dataloader_workers"
     design = result["design"]
-    assert design["rounds"] == 1 and set(design["stopped"]) == {
-        "prefetch_factor",
-        "persistent_workers",
-    }
-    # the progress: 15 trials planned, 3 run (and leave-one-out's, when all measured
-    # fastest); each arm not run said so as it was skipped
+    # one round on a quiet machine; more where the first did not decide (a full CI run
+    # once needed a second): the two arms between are never run either way
+    assert design["rounds"] >= 1
+    assert {"prefetch_factor", "persistent_workers"} <= set(design["stopped"])
+    # the progress: 15 trials planned; each arm not run said so as it was skipped and
+    # left the total, so what ran (leave-one-out's too) is the total at the end
     decisions = [s for s in states if s["event"] == "decision"]
     assert [list(d["stopped"]) for d in decisions[:2]] == [
         ["prefetch_factor"],
         ["persistent_workers"],
     ]
-    loo = [s for s in states if s["event"] == "trial_end" and s["phase"] == "leave_one_out"]
+    ended = [s for s in states if s["event"] == "trial_end"]
+    assert not {"prefetch_factor", "persistent_workers"} & {s["arm"] for s in ended}
+    loo = [s for s in ended if s["phase"] == "leave_one_out"]
     assert bool(loo) is (result["leave_one_out"] is not None)
-    assert states[-1]["done"] == states[-1]["total"] == 3 + len(loo)
+    assert states[-1]["done"] == states[-1]["total"] == len(ended)
+    if design["rounds"] == 1:
+        assert len(ended) == 3 + len(loo)
     text = _rendered(result)
     assert "prefetch_factor: not run: its fixes lie between" in text
 

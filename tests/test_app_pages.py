@@ -667,10 +667,12 @@ def test_optimize_diagnoses_then_offers_the_auto_fixes(opt_home: Path, optimizab
     assert (f"keep_explicit_{run_id}", False) in toggles
     # the "allow numerics" toggle is there exactly when some fix needs consent
     assert len(toggles) == (2 if consent else 1)
-    assert [(n.label, n.value) for n in at.number_input] == [
+    # the experiment's own inputs (the largest-batch search below has its own: fit_*)
+    assert [(n.label, n.value) for n in at.number_input if n.key.startswith("opt_")] == [
         ("trials per arm", 3),
         ("steps per trial", 30),
     ]
+    assert "Largest batch that fits" in [h.value for h in at.subheader]  # a training run
     notes = next(df.value for df in at.dataframe if "parameters" in df.value.columns)
     with RunStore(opt_home) as store:
         checked = [f for f in expected if f not in consent and f not in idle]
