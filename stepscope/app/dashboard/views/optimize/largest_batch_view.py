@@ -93,7 +93,12 @@ def answer_view(result: dict[str, Any]) -> None:
     largest = result.get("largest_batch")
     if not largest:
         return
-    answer, prediction = largest_batch_lines(largest)
+    # the result is read from a shared store: its brackets are escaped, so no markdown
+    # link or image (an outside address the page would fetch) comes through
+    answer, prediction = (
+        None if line is None else line.replace("[", "\\[").replace("]", "\\]")
+        for line in largest_batch_lines(largest)
+    )
     if largest.get("batch_size") is None or largest.get("limit_bytes") is None:
         st.info(answer, icon=":material/info:")
         return
