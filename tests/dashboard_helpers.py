@@ -431,3 +431,9 @@ def fixes_page(result: dict) -> None:  # AppTest.from_function runs its source a
 
     per_fix(result)
     leave_one_out(result)
+
+
+def sweep_page(row: dict, generation: bool) -> None:  # AppTest.from_function: its source alone
+    from stepscope.app.dashboard.views.optimize import generation_sweep_view, inference_view
+
+    (generation_sweep_view if generation else inference_view).result_view(row)

@@ -10,6 +10,8 @@ import os
 import sqlite3
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -30,6 +32,8 @@ from stepscope.store import RunStore
 from stepscope.store.artifacts import (
     ARTIFACTS_ENV,
     ArtifactError,
+    BackgroundUploads,
+    Location,
     artifact_location,
     cache_path,
     local_copy,
@@ -209,15 +213,36 @@ def test_unreachable_endpoint_keeps_the_job_and_the_local_trace(
     assert proc.returncode == 0 and proc.stdout == "done\n", proc.stderr
     assert "Traceback" not in proc.stderr and "stepscope" not in proc.stderr
     arts = jobs.artifacts(tmp_path, run_id)
-    assert sorted(arts["kind"]) == ["memory_timeline", "trace"]
+    log = list(jobs.events(tmp_path, run_id)["message"])
+    assert sorted(arts["kind"]) == ["memory_timeline", "trace"], log
     assert all(Path(p).is_file() for p in arts["path"])  # each kept in the run folder
-    lines = [m for m in jobs.events(tmp_path, run_id)["message"] if "s3://" in m]
+    lines = [m for m in log if "s3://" in m]
     assert len(lines) == 2 and all("\n" not in line for line in lines)  # one per file
     lines = [line for line in lines if line.startswith("trace ")]
     assert len(lines) == 1
     assert f"s3://{s3.bucket}/p/runs/{run_id}/" in lines[0]
     assert "endpoint unreachable" in lines[0]
     assert s3.keys() == []
+
+
+def test_the_exit_wait_returns_after_every_row_is_written(tmp_path: Path) -> None:
+    """The job closes its writer once ``wait`` returns: a ``done`` still writing its row
+    then would lose it (a CI run lost a memory timeline's row so)."""
+    uploads = BackgroundUploads(Location(str(tmp_path / "shared")))
+    written: list[str] = []
+    started = threading.Event()
+
+    def slow_row(uri: str | None, error: str | None) -> None:
+        started.set()
+        time.sleep(1.0)  # the store is busy
+        written.append(uri or error or "")
+
+    path = tmp_path / "a.pt.trace.json.gz"
+    path.write_bytes(b"x")
+    uploads.submit(str(path), 1, 0, "trace", slow_row)
+    assert started.wait(30)
+    uploads.wait(timeout=0.1)  # the deadline passes while the row is being written
+    assert len(written) == 1 and written[0].endswith("a.pt.trace.json.gz")
 
 
 @pytest.mark.slow  # a real job under stepscope

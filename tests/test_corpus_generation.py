@@ -357,7 +357,11 @@ def test_each_token_position_is_the_context_it_ran_over(gen_run, name: str) -> N
 @pytest.mark.parametrize("name", list(JOBS))
 def test_request_latency_is_the_scripts_clock(gen_run, name: str) -> None:
     """Each request's end_s - start_s against the script's perf_counter around the same
-    call: never longer, and shorter by no more than the tolerance."""
+    call: never longer, and shorter by no more than the tolerance, but for one request:
+    a preemption inside the script's clock and outside generate() lands on the script's
+    figure alone, and no bound holds it on a loaded machine (13.8 ms of hf_pipeline's
+    92.8 ms request in one fresh-clone CI run). A recorded span that misses part of the
+    work (a forward, the prefill) misses it in every request, and is still caught."""
     rec = gen_run(name)
     reqs = rec.recorded_requests()
     recorded = (reqs["end_s"] - reqs["start_s"]).tolist()
@@ -367,12 +371,13 @@ def test_request_latency_is_the_scripts_clock(gen_run, name: str) -> None:
     # generate() call meets stepscope's one-time wrapping of it (5 ms on a loaded 2-core
     # machine); the timed figures leave that request out too (warm-up)
     pairs = pairs[1:]
-    wrong = [
+    seen = [
         f"request {i}: {got * 1000:.2f} ms recorded, the script's {want * 1000:.2f} ms"
         for i, (got, want) in pairs
-        if not -CLOCK_EPS_S <= want - got <= latency_tolerance(rec.job, want)
     ]
-    assert not wrong, wrong
+    assert all(want - got >= -CLOCK_EPS_S for _, (got, want) in pairs), seen  # never longer
+    wrong = [i for i, (got, want) in pairs if want - got > latency_tolerance(rec.job, want)]
+    assert len(pairs) >= 2 and len(wrong) <= 1, seen
 
 
 def test_kv_loop_time_to_first_token_is_the_scripts(gen_run) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import select
 import subprocess
 import sys
@@ -302,6 +303,31 @@ def test_an_experiment_row_cannot_aim_cancel_at_another_process(tmp_path: Path) 
     finally:
         victim.kill()
         victim.wait()
+
+
+# -- stored text stays text ------------------------------------------------------------------
+IMAGE = "![x](http://attacker.example/pixel.png)"
+
+
+@pytest.mark.parametrize("generation", [False, True])
+def test_a_sweep_result_shows_no_markdown_image_or_link(generation: bool) -> None:
+    """A sweep's stored result is shown as text: a markdown image in it (the page would
+    fetch an outside address on every visit) comes out with its brackets escaped."""
+    from dashboard_helpers import sweep_page
+    from streamlit.testing.v1 import AppTest
+
+    row = {"factor": 1, "batch_size": 4, "status": "completed", "samples_per_s": 10.0,
+           "p50_s": 0.01, "p99_s": 0.01}  # fmt: skip
+    knee = {"batch_size": 4, "factor": 1, "why": IMAGE, "p99_s": 0.01}
+    largest = {"batch_size": 4, "limit_bytes": 2**30, "smallest_out_of_memory": 8,
+               "limit_source": IMAGE, "peak_key": "vm_peak_bytes"}  # fmt: skip
+    result = {"rows": [row], "knee": knee, "trials": 1, "steps": 2, "largest_batch": largest}
+    at = AppTest.from_function(sweep_page, args=({"id": 1, "result": result}, generation))
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    shown = [s.value for s in at.success] + [i.value for i in at.info]
+    assert any("attacker.example" in s for s in shown), shown
+    assert not [s for s in shown if re.search(r"(?<!\\)[\[\]]", s)], shown  # each one escaped
 
 
 # -- a dashboard others can reach: who comes in, and what they may do ----------------------------------

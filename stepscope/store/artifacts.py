@@ -291,6 +291,7 @@ def _atomic_copy(write: Any, dest: Path) -> None:
 # -- in the job: uploads off the training thread -----------------------------------------
 Done = Callable[[str | None, str | None], None]  # done(uri, None) or done(None, error line)
 EXIT_WAIT_S = 120.0  # how long a job's end waits for its uploads before keeping local rows
+SETTLE_WAIT_S = 10.0  # and then for a row the upload thread is writing at that moment
 
 
 class BackgroundUploads:
@@ -304,6 +305,7 @@ class BackgroundUploads:
         self.location = location
         self._queue: queue.Queue[_Upload] = queue.Queue()
         self._pending: set[_Upload] = set()
+        self._settling: set[_Upload] = set()  # pending, its done() running now
         self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
         self._fs: Any = None
@@ -346,9 +348,15 @@ class BackgroundUploads:
         with self._lock:
             while self._pending and time.monotonic() < deadline:
                 self._lock.wait(min(0.5, max(0.0, deadline - time.monotonic())))
-            late = list(self._pending)
+            late = list(self._pending - self._settling)
         for item in late:
             self._settle(item, None, f"{item.path}: upload not finished after {timeout:.0f} s")
+        # a row being written on the upload thread as the deadline passed: let it finish
+        # (the job closes its writer next), a moment at most
+        deadline = time.monotonic() + SETTLE_WAIT_S
+        with self._lock:
+            while self._settling and time.monotonic() < deadline:
+                self._lock.wait(min(0.5, max(0.0, deadline - time.monotonic())))
 
     def _loop(self) -> None:
         if self.location.is_s3:
@@ -367,13 +375,21 @@ class BackgroundUploads:
             self._settle(item, uri, None)
 
     def _settle(self, item: _Upload, uri: str | None, error: str | None) -> None:
+        """One ``done`` per upload. The item stays pending until its ``done`` has
+        returned: ``wait`` must not let the job close its writer while the row is
+        still being written (a CI run lost a memory timeline's row that way)."""
         with self._lock:
-            if item not in self._pending:
+            if item not in self._pending or item in self._settling:
                 return
-            self._pending.discard(item)
-            self._lock.notify_all()
-        with contextlib.suppress(Exception):
-            item.done(uri, error)
+            self._settling.add(item)
+        try:
+            with contextlib.suppress(Exception):
+                item.done(uri, error)
+        finally:
+            with self._lock:
+                self._settling.discard(item)
+                self._pending.discard(item)
+                self._lock.notify_all()
 
 
 def _before_thread_pools_close(hook: Callable[[], None]) -> None:

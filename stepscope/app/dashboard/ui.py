@@ -47,6 +47,13 @@ HOW_TO_PROFILE = "stepscope run --profile-at 5 --profile-steps 3 -- python train
 
 
 # -- text ------------------------------------------------------------------------------
+def no_links(text: Any) -> str:
+    """Text read from a shared store, its square brackets markdown-escaped: anyone who
+    records a run writes there, and a markdown image or link in it would make the page
+    fetch (or offer) an outside address."""
+    return str(text).replace("[", "\\[").replace("]", "\\]")
+
+
 def fmt_command(command: Any) -> str:
     if isinstance(command, list):
         return shlex.join(str(c) for c in command)

@@ -17,6 +17,7 @@ import streamlit as st
 from stepscope.analyzers.steps.generation import is_generation
 from stepscope.app.dashboard import data
 from stepscope.app.dashboard.charts.sweep import generation_curve
+from stepscope.app.dashboard.ui import no_links
 from stepscope.app.dashboard.views.optimize.sweep_button import sweep_button
 from stepscope.app.formats import fmt_ci, fmt_pct, fmt_ratio, fmt_s
 from stepscope.optim_runner.sweeps.generation_sweep import DEFAULT_BATCH_SIZES, DEFAULT_PROMPTS
@@ -72,7 +73,7 @@ def result_view(row: dict[str, Any]) -> None:
     knee = result.get("knee")
     if knee:
         st.success(
-            f"Knee: **batch {knee['batch_size']}** — {knee['why']}; request p99 "
+            f"Knee: **batch {knee['batch_size']}** — {no_links(knee['why'])}; request p99 "
             f"{fmt_s(knee.get('p99_s'))}.",
             icon=":material/check_circle:",
         )

@@ -16,6 +16,7 @@ import streamlit as st
 from stepscope.analyzers.steps.latency import is_inference
 from stepscope.app.dashboard import data
 from stepscope.app.dashboard.charts.sweep import peak_curve, sweep_curve
+from stepscope.app.dashboard.ui import no_links
 from stepscope.app.dashboard.views.optimize.largest_batch_view import answer_view
 from stepscope.app.dashboard.views.optimize.option_inputs import option_input
 from stepscope.app.dashboard.views.optimize.sweep_button import sweep_button
@@ -105,7 +106,7 @@ def result_view(row: dict[str, Any]) -> None:
     knee = result.get("knee")
     if knee:
         st.success(
-            f"Knee: **batch {knee.get('batch_size')}** (x{knee['factor']}) — {knee['why']}; "
+            f"Knee: **batch {knee.get('batch_size')}** (x{knee['factor']}) — {no_links(knee['why'])}; "
             f"p99 {_ms(knee.get('p99_s'))} per batch.",
             icon=":material/check_circle:",
         )

@@ -16,6 +16,7 @@ import streamlit as st
 
 from stepscope.app.cli.sizes import parse_size
 from stepscope.app.dashboard import data
+from stepscope.app.dashboard.ui import no_links
 from stepscope.app.dashboard.views.optimize.sweep_button import sweep_button
 from stepscope.app.largest_batch_text import largest_batch_lines
 from stepscope.collectors.launch.memory_limit import MEMORY_LIMIT_KEY
@@ -93,11 +94,9 @@ def answer_view(result: dict[str, Any]) -> None:
     largest = result.get("largest_batch")
     if not largest:
         return
-    # the result is read from a shared store: its brackets are escaped, so no markdown
-    # link or image (an outside address the page would fetch) comes through
+    # the result is read from a shared store
     answer, prediction = (
-        None if line is None else line.replace("[", "\\[").replace("]", "\\]")
-        for line in largest_batch_lines(largest)
+        None if line is None else no_links(line) for line in largest_batch_lines(largest)
     )
     if largest.get("batch_size") is None or largest.get("limit_bytes") is None:
         st.info(answer, icon=":material/info:")

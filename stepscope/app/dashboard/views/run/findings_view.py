@@ -115,7 +115,7 @@ def evidence_markdown(evidence: list[EvidenceItem]) -> str:
 
 
 def _plain(text: object) -> str:
-    return html.escape(str(text)).replace("[", "\\[").replace("]", "\\]")
+    return ui.no_links(html.escape(str(text)))
 
 
 def _fix(fix: FixAdvice, params: dict[str, object]) -> None:
