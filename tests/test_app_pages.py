@@ -61,6 +61,7 @@ from traces import A100, in_run_folder, trace_path
 from stepscope.analyzers.report.trace_report import analyze_trace
 from stepscope.analyzers.steps.stacks import classify_samples, phase_shares, top_sites
 from stepscope.analyzers.steps.step_stats import summarize_steps
+from stepscope.app.dashboard.stack_data import inject_mode
 from stepscope.app.dashboard.views.run import tensorboard
 from stepscope.app.formats import fmt_num, fmt_pct, fmt_s
 from stepscope.collectors.attach.attach import attach_run_of, start_attach
@@ -1160,9 +1161,17 @@ def test_attach_follows_a_running_attach_and_stops_it(attach_home: Path, attacha
         table = table_with(listing, "stepscope")
         assert table.loc[table["pid"] == pid, "stepscope"].iloc[0] == f"attaching: run {run_id}"
 
+        deadline = time.monotonic() + 90  # the collectors go in (or it says why not)
+        with RunStore(attach_home) as store:
+            while (mode := inject_mode(store.run(run_id))) is None:
+                assert time.monotonic() < deadline and proc.poll() is None
+                time.sleep(0.2)
         run_page = open_page("run", run=str(run_id))  # live: the way to its progress and Stop
         no_errors(run_page)
-        assert not [b for b in run_page.button if b.key == "capture"]  # the job reads none
+        # a capture is offered where the job has the collectors to read it (gdb put them
+        # in: tests/test_attach_inject.py), not to an attach from outside only
+        captures = [b for b in run_page.button if b.key == "capture"]
+        assert bool(captures) == (mode == "injected"), mode
         follow = next(
             p.proto for p in run_page.get("page_link") if "Attaching now" in p.proto.label
         )

@@ -1,5 +1,7 @@
 """`stepscope attach`: real example jobs started as plain `python` processes (not under
-stepscope), recorded from outside with psutil and py-spy, then diagnosed."""
+stepscope), recorded from outside with psutil and py-spy, then diagnosed. Where a test
+reads what the stacks alone say, it attaches with --no-inject; the injected collectors
+have tests/test_attach_inject.py."""
 
 from __future__ import annotations
 
@@ -110,7 +112,7 @@ def test_attached_example_gets_its_verdict_from_stacks(
     tmp_path: Path, job: Callable, script: str, args: tuple, verdict: tuple, phase: str | None
 ) -> None:
     proc = job(str(EXAMPLES / script), *args)
-    result = attach_json(tmp_path, proc.pid, 8)
+    result = attach_json(tmp_path, proc.pid, 8, "--no-inject")  # the stacks' own verdict
     assert result["status"] == "completed" and result["stop_reason"] == "duration"
     assert proc.poll() is None, "attaching must not stop the job"
     assert result["diagnosis_level"] == "stacks"
@@ -332,7 +334,7 @@ def test_a_server_waiting_for_requests_is_idle_not_elsewhere(tmp_path: Path, job
     sender = threading.Thread(target=client, daemon=True)
     sender.start()
     try:
-        result = attach_json(tmp_path, proc.pid, 6)
+        result = attach_json(tmp_path, proc.pid, 6, "--no-inject")  # what stacks alone say
     finally:
         stop.set()
         sender.join(timeout=30)

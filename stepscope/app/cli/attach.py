@@ -34,6 +34,7 @@ def cmd_attach(
     as_json: bool = False,
     list_only: bool = False,
     quiet: bool = False,
+    inject: bool = True,
 ) -> int:
     err = term.console(stderr=True, quiet=quiet)
     if list_only or pid is None:
@@ -51,6 +52,7 @@ def cmd_attach(
                 rate_hz=rate,
                 stop=stop,
                 on_progress=view.update,
+                inject_collectors=inject,
             )
     except AttachError as exc:
         print(f"stepscope: {exc}", file=sys.stderr)

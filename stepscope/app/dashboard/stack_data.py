@@ -73,8 +73,15 @@ def stack_sample_count(home: str, run_id: int) -> int:
 
 
 def is_attach(run: dict[str, Any]) -> bool:
-    """Whether the run was recorded by attaching to a process (no step timer, no trace)."""
+    """Whether the run was recorded by attaching to a process."""
     return (run.get("config") or {}).get("mode") == "attach"
+
+
+def inject_mode(run: dict[str, Any]) -> str | None:
+    """An attach's collectors: 'injected' (steps, requests and captures as under
+    ``stepscope run``), 'stacks' (from outside only; the config says why), or None
+    (being tried, or an attach from before injection)."""
+    return ((run.get("config") or {}).get("inject") or {}).get("mode")
 
 
 def running_attaches(home: str) -> list[dict[str, Any]]:

@@ -1,10 +1,13 @@
 """Attach to a process that is already running: record it into a new run.
 
-Nothing is injected into the process: the system sampler (psutil on its process tree,
-NVML for its GPUs) and the stack sampler (py-spy) both read it from outside, so the job
-goes on whatever happens here, and keeps running after we detach. What it costs the
-job is CPU taken beside it (py-spy reading its memory 20 times a second, without
-stopping it; the samplers): `bench/overhead.py --attach` measures it. The run's
+The system sampler (psutil on its process tree, NVML for its GPUs) and the stack
+sampler (py-spy) read it from outside. Where it can be done, ``stepscope run``'s in-job
+collectors also go into the process for the attach's time (``inject.py``: gdb, or
+``sys.remote_exec``), so its steps, requests and a capture on request are recorded as
+under ``stepscope run``; they come out again at detach, and the job keeps running.
+Where they cannot, one line says why and the attach records from outside alone. What it
+costs the job from outside is CPU taken beside it (py-spy reading its memory 20 times a
+second, without stopping it; the samplers): `bench/overhead.py --attach` measures it. The run's
 ``pid`` is the attaching process (the liveness check of the store): an attach that is
 killed leaves a ``lost`` run with everything recorded up to then.
 
@@ -30,6 +33,7 @@ from typing import Any
 
 import psutil
 
+from stepscope.collectors.attach.inject import Injection, inject
 from stepscope.collectors.launch.contract import ENV_HOME, ENV_RUN_ID
 from stepscope.collectors.samplers.gpu_sampler import gpus_and_processes
 from stepscope.collectors.samplers.stack_sampler import RATE_HZ, StackRow, StackSampler
@@ -150,8 +154,10 @@ def attach(
     sample_interval: float = 0.5,
     stop: threading.Event | None = None,
     on_progress: Callable[[AttachProgress], None] | None = None,
+    inject_collectors: bool = True,
 ) -> AttachResult:
-    """Record ``pid`` for ``duration_s`` seconds (or until it ends, or ``stop`` is set)."""
+    """Record ``pid`` for ``duration_s`` seconds (or until it ends, or ``stop`` is set);
+    with ``inject_collectors``, stepscope run's collectors go into it for that time."""
     if duration_s <= 0:
         raise AttachError(f"the duration must be positive, not {duration_s:g}")
     proc = target(pid)
@@ -217,13 +223,20 @@ def attach(
         ]
         for t in threads:
             t.start()
-        started = time.monotonic()
+        injection = None
         try:
+            if inject_collectors and known_run is None:  # sampled from outside meanwhile
+                injection = _inject(store, run_id, pid, home_s, messages, stop)
+            started = time.monotonic()  # the duration is the collectors' time in the job
             reason = _wait(proc, duration_s, stop, started, stacks, on_progress)
         except BaseException as exc:  # a bug here, or a second Ctrl-C: keep what we have
             store.finish_run(run_id, "failed", error=f"attach ended early: {exc!r}")
             raise
         finally:
+            if injection is not None:  # first: the job's last rows are written as it detaches
+                left = injection.detach()
+                if left is not None:
+                    messages.append(left)
             stacks.stop()
             stop_system.set()
             for t in threads:
@@ -234,6 +247,27 @@ def attach(
         return _finish(store, run_id, pid, reason, elapsed, stacks, system_error, messages)
     finally:
         store.close()
+
+
+def _inject(
+    store: Any, run_id: int, pid: int, home: str, messages: list[str], stop: threading.Event
+) -> Injection | None:
+    """The collectors into the process (``inject.py``), or the line saying why the
+    attach records stacks only; the run's config says which (``inject``)."""
+    result = inject(pid, run_id=run_id, home=home, run_dir=store.run_dir(run_id), stop=stop)
+    if isinstance(result, str):
+        messages.append(f"stacks only: {result}")
+        store.merge_run_json(run_id, "config", {"inject": {"mode": "stacks", "why": result}})
+        return None
+    store.merge_run_json(run_id, "config", {"inject": {"mode": "injected", "how": result.how}})
+    store.log_event(
+        run_id,
+        "info",
+        SOURCE,
+        f"collectors injected into process {pid} ({result.how}): its steps and requests are "
+        f"recorded as under stepscope run, and `stepscope capture {run_id}` profiles it",
+    )
+    return result
 
 
 def _wait(

@@ -26,6 +26,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from stepscope.collectors.launch import contract
@@ -36,16 +37,27 @@ _state: _Bootstrap | None = None
 GENERATION_MODULE = "transformers.generation.utils"
 
 
-def install() -> None:
-    """Entry point for the sitecustomize; idempotent, inert without STEPSCOPE_RUN_ID."""
+def install(env: Mapping[str, str] | None = None) -> None:
+    """Entry point for the sitecustomize (the process's environment) and for an attach's
+    injection (``live.py``: its own settings, so the job's environment is left as it
+    was); idempotent, inert without STEPSCOPE_RUN_ID."""
     global _state
     if _state is not None:
         return
-    env = os.environ
+    env = os.environ if env is None else env
     if not env.get(contract.ENV_RUN_ID) or env.get(contract.ENV_DISABLE) == "1":
         return
     _state = _Bootstrap(env)
     _state.start()
+
+
+def uninstall() -> None:
+    """An attach detaches (``live.py``): what was recorded is written, and every hook and
+    patch goes, so the process runs on as it did before."""
+    global _state
+    state, _state = _state, None
+    if state is not None:
+        state.stop()
 
 
 def writer() -> Any:
@@ -65,6 +77,8 @@ class _Bootstrap:
         self.profile_steps = _int(env.get(contract.ENV_PROFILE_STEPS))
         self.flush_s = _float(env.get(contract.ENV_FLUSH_S)) or 1.0
         self.plan_path = env.get(contract.ENV_PLAN) or None
+        # the store: as RunStore resolves it from the job's environment, or an attach's
+        self.store_url = env.get(contract.ENV_STORE) or None
         self.pid = os.getpid()
         self._writer: Any = None
         self.timer: Any = None
@@ -73,6 +87,7 @@ class _Bootstrap:
         self._interrupted = False
         self._closed = False
         self._parent_writers: list[Any] = []  # a forked child's copies: never used, never closed
+        self._import_hooks: list[_ImportHook] = []
 
     def start(self) -> None:
         self._prev_excepthook = sys.excepthook
@@ -82,11 +97,37 @@ class _Bootstrap:
         if "torch" in sys.modules:
             self.on_torch_imported()
         else:
-            sys.meta_path.insert(0, _ImportHook("torch", self.on_torch_imported))
+            self._import_hooks.append(_ImportHook("torch", self.on_torch_imported))
         if GENERATION_MODULE in sys.modules:
             self.on_generation_imported()
         else:
-            sys.meta_path.insert(0, _ImportHook(GENERATION_MODULE, self.on_generation_imported))
+            self._import_hooks.append(_ImportHook(GENERATION_MODULE, self.on_generation_imported))
+        for hook in self._import_hooks:
+            sys.meta_path.insert(0, hook)
+
+    def stop(self) -> None:
+        """Detach (``uninstall``): the rows held back written, the writer closed, then
+        the import hooks, the excepthook, the generate() wrapper and the step timer's
+        hooks and patches removed. The fork and exit hooks stay registered (Python
+        cannot take them back); closed, they do nothing."""
+        for hook in self._import_hooks:
+            with contextlib.suppress(ValueError):
+                sys.meta_path.remove(hook)
+        if sys.excepthook == self._excepthook:
+            sys.excepthook = self._prev_excepthook
+        self._close_writer()
+        if GENERATION_MODULE in sys.modules and self.timer is not None:
+            # local: loaded already when generate() was wrapped
+            from stepscope.collectors.injob import generate_patch
+
+            generate_patch.uninstall()
+        if self.timer is not None:
+            self.timer.uninstall()
+            # local: loaded already with the timer
+            from stepscope.collectors.steps import step_timer
+
+            if step_timer.current() is self.timer:
+                step_timer.set_current(None)
 
     def writer(self) -> Any:
         if self._writer is None:
@@ -95,7 +136,11 @@ class _Bootstrap:
             from stepscope.store.writer import BufferedWriter
 
             self._writer = BufferedWriter(
-                self.home, self.run_id, interval_s=self.flush_s, rank=self.current_rank()
+                self.home,
+                self.run_id,
+                interval_s=self.flush_s,
+                rank=self.current_rank(),
+                url=self.store_url,
             )
             if self.timer is not None:
                 self._writer.before_flush.append(self.timer.resolve_pending)

@@ -38,6 +38,17 @@ def install() -> bool:
     return True
 
 
+def uninstall() -> None:
+    """Put the original generate() back (an attach detaching), unless something else
+    has wrapped ours since: then ours stays, and records nothing once the timer is gone."""
+    module = sys.modules.get("transformers.generation.utils")
+    mixin = getattr(module, "GenerationMixin", None)
+    current = getattr(mixin, "generate", None)
+    if current is not None and getattr(current, "__stepscope__", False):
+        mixin.generate = current.__wrapped__
+    _kwargs_hooks.clear()
+
+
 def _wrapped(original: Callable[..., Any]) -> Callable[..., Any]:
     # local: the step timer module is loaded already (torch came first); imported here so
     # that this module stays importable without it

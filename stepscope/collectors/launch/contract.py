@@ -9,6 +9,7 @@ from __future__ import annotations
 
 ENV_RUN_ID = "STEPSCOPE_RUN_ID"  # int; the bootstrap stays inert without it
 ENV_HOME = "STEPSCOPE_HOME"  # store directory
+ENV_STORE = "STEPSCOPE_STORE"  # the store's URL when it is not the home's file (store/url.py)
 ENV_RUN_DIR = "STEPSCOPE_RUN_DIR"  # the run's artifact folder (traces, control/)
 ENV_MAX_STEPS = "STEPSCOPE_MAX_STEPS"  # int; stop the job cleanly after N steps
 ENV_PROFILE_AT = "STEPSCOPE_PROFILE_AT"  # int; first step of a capture window, or:

@@ -178,6 +178,21 @@ class StepTimer:
         self._patch(torch.autograd, "backward", self._wrap_backward)
         os.register_at_fork(after_in_child=self._after_fork_in_child)
 
+    def uninstall(self) -> None:
+        """Every hook and patch of ``install`` taken back (an attach detaching; call
+        ``finalize`` first). A patch someone else has wrapped since stays: taking ours out
+        from under theirs would drop theirs too."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self.forward.remove_global_hooks()
+        self.forward.remove_outer_hooks()
+        for owner, name, original in reversed(self._patches):
+            if getattr(getattr(owner, name, None), "__wrapped__", None) is original:
+                setattr(owner, name, original)
+        self._patches = []
+        self.state.inert = True
+
     def _patch(self, owner: Any, name: str, make: Callable[[Any], Any]) -> None:
         original = getattr(owner, name)
         wrapped = make(original)

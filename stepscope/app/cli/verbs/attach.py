@@ -10,9 +10,10 @@ def register(sub: Any) -> None:
     att = sub.add_parser(
         "attach",
         help="record a process that is already running (no restart, no code change)",
-        description="Sample a running Python process from outside (psutil, NVML, py-spy "
-        "stacks) into a new run, then diagnose it. Ctrl-C detaches early and keeps the "
-        "recording; the process goes on untouched.",
+        description="Record a running Python process into a new run, then diagnose it: "
+        "from outside (psutil, NVML, py-spy stacks), and with stepscope run's collectors "
+        "put into it through gdb where that can be done (steps, requests, captures). "
+        "Ctrl-C detaches early and keeps the recording; the process goes on.",
     )
     att.add_argument("pid", nargs="?", type=int, help="the process (see --list)")
     att.add_argument(
@@ -21,6 +22,12 @@ def register(sub: Any) -> None:
     att.add_argument("--name", help="run name (default: attach-<script>-<pid>)")
     att.add_argument(
         "--rate", type=int, default=20, metavar="HZ", help="stack samples per second (default 20)"
+    )
+    att.add_argument(
+        "--no-inject",
+        action="store_true",
+        help="record from outside only (by default stepscope run's collectors go into the "
+        "process for the attach's time, through gdb: its steps, requests and captures)",
     )
     att.add_argument("--list", action="store_true", help="list the processes to attach to")
     att.add_argument("--json", action="store_true", help="print JSON")
@@ -39,4 +46,5 @@ def run_attach(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         as_json=args.json,
         list_only=args.list,
         quiet=args.quiet,
+        inject=not args.no_inject,
     )

@@ -30,19 +30,41 @@ def _live_progress(home: str, run_id: int) -> None:
     with ui.errors_as_one_line():
         run = data.run_header(home, run_id)
         samples = stack_data.stack_sample_count(home, run_id)
+        with data.open_store(home) as store:
+            steps = store.step_count(run_id)[0]
     if run["status"] != "running":
         st.rerun(scope="app")
     duration = float((run.get("config") or {}).get("duration_s") or DEFAULT_DURATION_S)
     elapsed = max(0.0, time.time() - float(run["started_at"]))
+    mode = stack_data.inject_mode(run)
+    counted = f" · {steps:,} steps" if mode == "injected" else ""
     st.progress(
         min(1.0, elapsed / duration),
-        text=f"{elapsed:.0f} of {duration:g} s · {samples:,} stack samples so far",
+        text=f"{elapsed:.0f} of {duration:g} s{counted} · {samples:,} stack samples so far",
     )
     st.caption(
         "Stack samples are stored a sampling window (a few seconds) at a time, so their "
-        "count moves in steps. Nothing is injected into the process: py-spy reads its "
-        "memory from outside without stopping it."
+        "count moves in steps; py-spy reads the process's memory from outside without "
+        "stopping it."
+        + (" Steps arrive as the job's collectors write them (every second)." if counted else "")
     )
+
+
+def _mode_line(run: dict[str, Any]) -> None:
+    """Which of the two an attach is (``collectors/attach/inject.py``), and why."""
+    inject = (run.get("config") or {}).get("inject") or {}
+    if inject.get("mode") == "injected":
+        st.caption(
+            f":material/input: stepscope run's collectors are in the process ({inject.get('how')}):"
+            " its steps, requests and captures are recorded; they come out at the end."
+        )
+    elif inject.get("mode") == "stacks":
+        st.caption(
+            f":material/visibility: Recorded from outside only (stacks and system figures): "
+            f"{ui.no_links(inject.get('why') or 'no reason recorded')}."
+        )
+    elif run["status"] == "running":
+        st.caption(":material/hourglass_top: Putting stepscope's collectors into the process…")
 
 
 def _stop_button(home: str, run_id: int) -> None:
@@ -67,8 +89,8 @@ def _stop_button(home: str, run_id: int) -> None:
         st.rerun()  # sent or not (it had just ended), the page shows what is true now
     if asked:
         st.info(
-            "Detaching: the sampling window under way is written, then what was recorded "
-            "is diagnosed. The process goes on untouched.",
+            "Detaching: the collectors leave the process and the sampling window under way "
+            "is written, then what was recorded is diagnosed. The process goes on.",
             icon=":material/hourglass_bottom:",
         )
 
@@ -182,6 +204,7 @@ def follow(home: str, run_id: int) -> None:
         f"for {cfg.get('duration_s', 0):g} s at most"
     )
     st.code(ui.fmt_command(run["command"]), language="bash")
+    _mode_line(run)
     if run["status"] == "running":
         _live_progress(home, run_id)
         _stop_button(home, run_id)

@@ -142,7 +142,9 @@ def _plain(home: str, row: dict[str, Any], duration: int, name: str) -> None:
         type="primary",
         icon=":material/link:",
         disabled=off is not None,
-        help=off or "records it in the background into a new run; the process is not changed",
+        help=off
+        or "records it in the background into a new run; stepscope's collectors go into "
+        "the process for that time and come out after (it runs on)",
     ):
         start(home, int(row["pid"]), float(duration), name)
     if off is not None:

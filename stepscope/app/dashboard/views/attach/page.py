@@ -27,8 +27,10 @@ home = data.store_home()
 attach_start.attachers().reap()
 st.title("Attach")
 st.caption(
-    "Record a process that is already running, without restarting or changing it: its "
-    "Python stacks (py-spy) and system figures are read from outside, then diagnosed."
+    "Record a process that is already running, without restarting it: its Python stacks "
+    "(py-spy) and system figures are read from outside, and where gdb can put them in, "
+    "stepscope run's collectors record its steps, requests and captures for the attach's "
+    "time, then come out. Then what was recorded is diagnosed."
 )
 
 run_ref = ui.query_int("run")

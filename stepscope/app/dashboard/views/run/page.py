@@ -75,7 +75,9 @@ if run["status"] in ("failed", "killed"):
     st.error(f"{run['status']}: {ui.failure_line(run)}", icon=":material/error:")
 elif run["status"] in ("lost", "interrupted"):  # stopped by someone, not broken
     st.warning(f"{run['status']}: {ui.failure_line(run)}", icon=":material/warning:")
-attached = stack_data.is_attach(run)  # no step timer and no bootstrap in the job: no Capture
+attached = stack_data.is_attach(run)
+# an attach from outside only has no step timer in the job, and so no Capture
+steps_in_job = not attached or stack_data.inject_mode(run) == "injected"
 if live and attached:
     st.page_link(
         "views/attach/page.py",
@@ -83,7 +85,7 @@ if live and attached:
         icon=":material/link:",
         query_params={"run": str(run_id)},
     )
-elif live:
+if live and steps_in_job:
     run_actions.capture_action(d.run_dir, run)
 
 
@@ -95,7 +97,7 @@ def live_headline() -> None:
         dd = data.run_data(home, run_id, data.run_marker(h))
     if live and h["status"] != "running":
         st.rerun(scope="app")  # finished: redraw everything once, then stop refreshing
-    if attached:
+    if attached and dd.steps.empty:
         stack_sections.attach_headline(dd, stack_data.stack_view(home, run_id, data.run_marker(h)))
     else:
         sec.headline(dd, report)
@@ -154,7 +156,7 @@ with ui.errors_as_one_line():
 findings_view.findings_section(home, run_id, diagnosis)
 generation_view.generation_section(home, run_id, live)  # runs that served requests only
 
-if not attached:  # an attached job has no step timer: its stack samples stand in
+if steps_in_job:  # an attach from outside has no step timer: its stack samples stand in
     st.subheader("Steps")
     if report is None and not paths:
         sec.no_trace_hint(run_id, live)
