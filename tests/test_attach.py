@@ -348,3 +348,6 @@ def test_a_server_waiting_for_requests_is_idle_not_elsewhere(tmp_path: Path, job
     busy = summary["shares"]
     assert busy["idle"] == 0.0 and sum(busy.values()) == pytest.approx(1.0)
     assert busy["forward"] > 0.5  # the requests' model calls, once the waits are left out
+    # no backward and no optimizer step on its main thread: an inference job's advice
+    bases = [str(x["basis"]) for f in result["findings"] for x in f["fixes"]]
+    assert bases and not [b for b in bases if "training job" in b], bases

@@ -199,6 +199,67 @@ def _inject_mode(home: Path) -> str | None:
 
 
 @pytest.mark.slow
+def test_a_process_without_torch_yet_is_instrumented_when_it_imports_it(
+    tmp_path: Path, gdb: None
+) -> None:
+    """Attached while it sleeps before `import torch`: the collectors wait for the import
+    (the bootstrap's import hook, as at a job's start) and then record its steps."""
+    clock = tmp_path / "late.clock"
+    code = (
+        "import runpy, sys, time\n"
+        "print('waiting', flush=True)\n"
+        "time.sleep(3)\n"
+        f"sys.argv = ['train_clock.py', '300', {str(clock)!r}]\n"
+        f"runpy.run_path({str(JOB)!r}, run_name='__main__')\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")},
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "waiting"
+        home = tmp_path / "home"
+        out = subprocess.run(
+            [sys.executable, "-m", "stepscope.app.cli", "--home", str(home), "attach",
+             str(proc.pid), "--duration", "6", "--json"],
+            capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        result = json.loads(out.stdout)
+        assert not [m for m in result["messages"] if m.startswith("stacks only")], result
+        rest = proc.communicate(timeout=120)[0]
+        assert proc.returncode == 0 and "done 300 steps" in rest, rest
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    with RunStore(home) as store:
+        steps = store.steps(result["run_id"])
+    assert len(steps) >= 20 and set(steps["kind"]) == {"optimizer"}
+
+
+@pytest.mark.slow
+def test_a_second_attach_is_refused_with_the_first_ones_run(tmp_path: Path, job, gdb: None) -> None:
+    home = tmp_path / "home"
+    proc, log, _ = job("attached")
+    first = cli(home, "attach", str(proc.pid), "--duration", "8", "--json")
+    deadline = time.monotonic() + 90
+    while _inject_mode(home) is None:
+        assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()
+        time.sleep(0.2)
+    second = cli(home, "attach", str(proc.pid), "--duration", "1", "--json")
+    out, err = second.communicate(timeout=120)
+    assert second.returncode == 0, err
+    lines = [m for m in json.loads(out)["messages"] if m.startswith("stacks only")]
+    first_run = json.loads(first.communicate(timeout=120)[0])["run_id"]
+    assert lines == [f"stacks only: collectors not injected: already attached by run {first_run}"]
+    assert finished(proc, log).group(3) == "0"  # the first one's collectors left too
+
+
+@pytest.mark.slow
 def test_without_gdb_the_attach_says_why_and_records_from_outside(tmp_path: Path, job) -> None:
     home = tmp_path / "home"
     proc, _, _ = job("attached")

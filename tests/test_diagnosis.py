@@ -24,7 +24,12 @@ from stepscope.analyzers.rules import thresholds as th
 from stepscope.analyzers.rules.communication import collectives, host_device
 from stepscope.analyzers.rules.compute import device_compute, host_overhead
 from stepscope.analyzers.rules.diagnosis import diagnose, diagnose_report, diagnose_run
-from stepscope.analyzers.rules.evidence import Evidence, gather, system_summary
+from stepscope.analyzers.rules.evidence import (
+    Evidence,
+    gather,
+    system_summary,
+    training_from_stacks,
+)
 from stepscope.analyzers.rules.io import input_pipeline, storage, waiting_process
 from stepscope.analyzers.rules.memory import memory_bandwidth, memory_capacity
 from stepscope.analyzers.rules.recommend import predict
@@ -732,3 +737,20 @@ def test_a_capture_of_whole_steps_is_used(tmp_path: Path) -> None:
         diagnosis = diagnose_run(store, run_id)
     assert dx.NO_COMPLETE_STEP not in diagnosis.warnings
     assert diagnosis.level == "trace"
+
+
+@pytest.mark.parametrize(
+    ("shares", "samples", "idle", "kind"),
+    [
+        ({"forward": 0.9, "elsewhere": 0.1}, 120, 0.5, False),  # a server's requests
+        ({"forward": 0.5, "backward": 0.4, "optimizer": 0.1}, 120, 0.0, True),
+        ({"forward": 0.9, "optimizer": 0.02}, 120, 0.0, True),  # one optimizer sample
+        ({"forward": 1.0}, 30, 0.5, None),  # 15 busy samples: too few to say
+        ({"elsewhere": 1.0}, 200, 0.0, None),  # no model work seen at all
+    ],
+)
+def test_an_attach_from_outside_reads_the_jobs_kind_from_its_stacks(
+    shares: dict, samples: int, idle: float, kind: bool | None
+) -> None:
+    stacks = {"shares": shares, "samples": samples, "idle_share": idle}
+    assert training_from_stacks(stacks) is kind

@@ -141,6 +141,25 @@ def context_from_run(run: dict[str, Any]) -> JobContext:
     )
 
 
+#: busy main-thread samples below which stacks without a backward say nothing of the
+#: kind (a training job spends at least as long in its backward as in its forward)
+STACKS_FOR_KIND = 20
+
+
+def training_from_stacks(stacks: dict[str, Any]) -> bool | None:
+    """An attach from outside has no facts: its main thread's samples say the kind. A
+    backward or an optimizer step seen: training. Neither in enough busy samples (a model
+    served behind `http.server`): inference, and the advice fits inference. Too few
+    samples to tell: unknown (advice as for training, as before)."""
+    shares = stacks["shares"]
+    if shares.get("backward", 0.0) > 0 or shares.get("optimizer", 0.0) > 0:
+        return True
+    busy = stacks["samples"] * (1.0 - stacks["idle_share"])
+    if busy >= STACKS_FOR_KIND and shares.get("forward", 0.0) > 0:
+        return False
+    return None
+
+
 def context_from_trace(report: TraceReport) -> JobContext:
     """A bare trace file: what the events show (None where they cannot say)."""
     props = [
@@ -209,6 +228,8 @@ def gather(store: Any, run_id: int, report: TraceReport | None = None) -> Eviden
     stacks = stack_summary(store.stack_samples(run_id))
     if stacks is not None and stacks["ddp"] and context.ddp is None:
         context.ddp = True  # seen on the stacks of an attached job
+    if stacks is not None and context.training is None:
+        context.training = training_from_stacks(stacks)
     generation: dict[str, Any] = {}
     if is_generation(steps):
         generation = _generation(store, run_id, steps, run, context)
