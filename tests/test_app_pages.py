@@ -1042,10 +1042,12 @@ def attach_home(attachable: dict, monkeypatch: pytest.MonkeyPatch, _isolated_sto
 
 @pytest.fixture(scope="module")
 def cli_attached(attachable: dict) -> int:
-    """A run recorded by `stepscope attach PID --duration 3` on the plain job."""
+    """A run recorded from outside only (`stepscope attach PID --duration 3 --no-inject`)
+    on the plain job: the Run page's stack view, with no step timer in the job."""
     out = stepscope(
-        attachable["home"], "attach", str(plain_pid(attachable)), "--duration", "3", "--json"
-    )
+        attachable["home"], "attach", str(plain_pid(attachable)),
+        "--duration", "3", "--json", "--no-inject",
+    )  # fmt: skip
     return int(json.loads(out.stdout)["run_id"])
 
 
