@@ -70,7 +70,7 @@ def attached_round(folder: Path, steps: int, duration: float) -> dict[str, float
         mode = (store.run(result["run_id"])["config"].get("inject") or {}).get("mode")
     times = ends(clock)
     first, last = float(recorded["start_s"].min()), float(recorded["end_s"].max())
-    own = [t for t in times if first <= t <= last + 0.01]
+    own = [t for t in times if first <= t <= min(t for t in times if t >= last)]
     before = [t for t in times if t < begun]
     during = [t for t in times if begun <= t <= first]  # gdb, imports, the safe point
     inside = [t for t in times if first <= t <= last]

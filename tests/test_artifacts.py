@@ -214,15 +214,27 @@ def test_unreachable_endpoint_keeps_the_job_and_the_local_trace(
     assert "Traceback" not in proc.stderr and "stepscope" not in proc.stderr
     arts = jobs.artifacts(tmp_path, run_id)
     log = list(jobs.events(tmp_path, run_id)["message"])
-    assert sorted(arts["kind"]) == ["memory_timeline", "trace"], log
+    kinds = timeline_or_its_line(list(arts["kind"]), log)
+    assert sorted(arts["kind"]) == sorted(kinds), log
     assert all(Path(p).is_file() for p in arts["path"])  # each kept in the run folder
     lines = [m for m in log if "s3://" in m]
-    assert len(lines) == 2 and all("\n" not in line for line in lines)  # one per file
+    assert len(lines) == len(kinds) and all("\n" not in line for line in lines)  # one per file
     lines = [line for line in lines if line.startswith("trace ")]
     assert len(lines) == 1
     assert f"s3://{s3.bucket}/p/runs/{run_id}/" in lines[0]
     assert "endpoint unreachable" in lines[0]
     assert s3.keys() == []
+
+
+def timeline_or_its_line(kinds: list[str], log: list[str]) -> list[str]:
+    """The artifacts a capture must leave: its trace, then its memory timeline, or, where
+    torch's timeline export failed (it did twice in full CI runs on a loaded machine), the
+    one warning line the capture promises instead (profiler_capture.py); never a row lost."""
+    if "memory_timeline" in kinds or not any(
+        m.startswith("memory timeline not saved") for m in log
+    ):
+        return ["trace", "memory_timeline"]
+    return ["trace"]
 
 
 def test_the_exit_wait_returns_after_every_row_is_written(tmp_path: Path) -> None:
@@ -358,10 +370,11 @@ def test_window_open_at_the_exit_keeps_the_local_trace(s3: S3, tmp_path: Path) -
     )
     assert proc.returncode == 0 and proc.stdout == "done\n", proc.stderr
     arts = jobs.artifacts(tmp_path, run_id)
-    assert list(arts["kind"]) == ["trace", "memory_timeline"]
-    assert all(Path(p).is_file() for p in arts["path"])
     events = jobs.events(tmp_path, run_id)
+    kinds = timeline_or_its_line(list(arts["kind"]), list(events["message"]))
+    assert list(arts["kind"]) == kinds
+    assert all(Path(p).is_file() for p in arts["path"])
     lines = list(events.loc[events["source"] == "artifacts", "message"])
-    assert sorted(line.split(" ", 1)[0] for line in lines) == ["memory_timeline", "trace"]
+    assert sorted(line.split(" ", 1)[0] for line in lines) == sorted(kinds)
     assert all("ended inside the capture window" in line for line in lines)  # one per file
     assert s3.keys() == []
