@@ -372,7 +372,7 @@ def test_window_open_at_the_exit_keeps_the_local_trace(s3: S3, tmp_path: Path) -
     arts = jobs.artifacts(tmp_path, run_id)
     events = jobs.events(tmp_path, run_id)
     kinds = timeline_or_its_line(list(arts["kind"]), list(events["message"]))
-    assert list(arts["kind"]) == kinds
+    assert list(arts["kind"]) == kinds, list(events["message"])
     assert all(Path(p).is_file() for p in arts["path"])
     lines = list(events.loc[events["source"] == "artifacts", "message"])
     assert sorted(line.split(" ", 1)[0] for line in lines) == sorted(kinds)
