@@ -79,9 +79,14 @@ def job(tmp_path: Path) -> Iterator:
 
     yield start
     for proc in started:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        end_group(proc)
+
+
+def end_group(proc: subprocess.Popen) -> None:
+    """The job and all it started: each runs in a session of its own."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def finished(proc: subprocess.Popen, log: Path) -> re.Match:
@@ -157,11 +162,7 @@ def test_the_injected_server_records_the_clients_requests_and_tokens(
         port = int(log.read_text().split()[-1])
         home = tmp_path / "home"
         attacher = cli(home, "attach", str(server.pid), "--duration", "120", "--json")
-        deadline = time.monotonic() + 90
-        while _inject_mode(home) is None:  # until the collectors are in (or refused)
-            assert attacher.poll() is None and time.monotonic() < deadline, attacher.stderr.read()
-            time.sleep(0.2)
-        assert _inject_mode(home) == "injected"
+        assert wait_inject_mode(home, attacher) == "injected"
         sent = []
         for seed in range(5):
             body = json.dumps({"prompt_len": 16, "max_new_tokens": 12, "seed": seed}).encode()
@@ -178,9 +179,7 @@ def test_the_injected_server_records_the_clients_requests_and_tokens(
         reply = urllib.request.urlopen(f"http://127.0.0.1:{port}/", data=after, timeout=60)
         assert json.loads(reply.read())["new_tokens"] == 4  # it serves on, detached
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
+        end_group(server)
     with RunStore(home) as store:
         requests = store.requests(result["run_id"])
         steps = store.steps(result["run_id"])
@@ -189,6 +188,15 @@ def test_the_injected_server_records_the_clients_requests_and_tokens(
     assert set(steps["kind"]) == {"generate"} and len(steps) == len(sent)
     for (_, client_s), got in zip(sent, requests["end_s"] - requests["start_s"], strict=True):
         assert got <= client_s and got >= 0.9 * client_s, (got, client_s)
+
+
+def wait_inject_mode(home: Path, attacher: subprocess.Popen) -> str:
+    """The attach's mode once it is settled: the collectors in, or refused."""
+    deadline = time.monotonic() + 90
+    while (mode := _inject_mode(home)) is None:
+        assert attacher.poll() is None and time.monotonic() < deadline, attacher.stderr.read()
+        time.sleep(0.2)
+    return mode
 
 
 def _inject_mode(home: Path) -> str | None:
@@ -236,9 +244,7 @@ def test_a_process_without_torch_yet_is_instrumented_when_it_imports_it(
         rest = proc.communicate(timeout=120)[0]
         assert proc.returncode == 0 and "done 300 steps" in rest, rest
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        end_group(proc)
     with RunStore(home) as store:
         steps = store.steps(result["run_id"])
     assert len(steps) >= 20 and set(steps["kind"]) == {"optimizer"}
@@ -249,10 +255,7 @@ def test_a_second_attach_is_refused_with_the_first_ones_run(tmp_path: Path, job,
     home = tmp_path / "home"
     proc, log, _ = job("attached")
     first = cli(home, "attach", str(proc.pid), "--duration", "8", "--json")
-    deadline = time.monotonic() + 90
-    while _inject_mode(home) is None:
-        assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()
-        time.sleep(0.2)
+    assert wait_inject_mode(home, first) == "injected"
     second = cli(home, "attach", str(proc.pid), "--duration", "1", "--json")
     out, err = second.communicate(timeout=120)
     assert second.returncode == 0, err

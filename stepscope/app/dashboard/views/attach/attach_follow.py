@@ -55,7 +55,7 @@ def _mode_line(run: dict[str, Any]) -> None:
     inject = (run.get("config") or {}).get("inject") or {}
     if inject.get("mode") == "injected":
         st.caption(
-            f":material/input: stepscope run's collectors are in the process ({inject.get('how')}):"
+            f":material/input: stepscope run's collectors are in the process ({ui.no_links(inject.get('how'))}):"
             " its steps, requests and captures are recorded; they come out at the end."
         )
     elif inject.get("mode") == "stacks":
