@@ -26,6 +26,7 @@ from stepscope.app.dashboard.views.compare.compare_ops import filtered
 from stepscope.app.dashboard.views.optimize.experiment_view import CHANGES
 from stepscope.optim_runner.verdict.arm_changes import (
     NOTHING,
+    SEPARATOR,
     UNKNOWN,
     changes_line,
     explain_arm,
@@ -160,7 +161,7 @@ def test_an_arm_names_what_it_changed(runs: dict) -> None:
         assert explain_arm(store, a, a) == NOTHING
         bad = explain_arm(store, a, 9999)
     assert line.startswith("data wait -") and "%" in line  # the biggest change first
-    assert len(line.split(", ")) == 3
+    assert len(line.split(SEPARATOR)) == 3
     assert bad.startswith(f"{UNKNOWN}: ") and "9999" in bad and "\n" not in bad
 
 
@@ -168,7 +169,13 @@ def test_a_line_says_new_and_gone() -> None:
     rows = pd.DataFrame(
         {
             "kind": ["operator", "phase", "operator", "category", "operator"],
-            "name": ["aten::_fused_adamw_", "data wait", "aten::addmm", "DataLoader", "aten::x"],
+            "name": [
+                "aten::_fused_adamw_",
+                "data wait",
+                "aten::addmm",
+                "DataLoader",
+                "aten::x (2, 3)",
+            ],
             "a_ns": [0.0, 100.0, 50.0, 100.0, 10.0],
             "b_ns": [70.0, 16.0, 30.0, 10.0, 0.0],
             "diff_ns": [70.0, -84.0, -20.0, -90.0, -10.0],
@@ -176,7 +183,9 @@ def test_a_line_says_new_and_gone() -> None:
         }
     )
     line = changes_line(rows.iloc[:0], rows, limit=4)
-    assert line == "data wait -84 %, new aten::_fused_adamw_, aten::addmm -40 %, aten::x gone"
+    assert (
+        line == "data wait -84 %; new aten::_fused_adamw_; aten::addmm -40 %; aten::x (2, 3) gone"
+    )
 
 
 def _experiment(home: Path, base: int, arm: int) -> tuple[int, dict]:

@@ -36,6 +36,8 @@ UNKNOWN = "changes unknown"
 NAMED_KINDS = ("phase", "operator", "kernel")
 #: phase names as a line says them: the step timer's "other" is the rest of the step
 _PHASE_WORDS = {"other": "rest of the step"}
+#: between a line's changes
+SEPARATOR = "; "
 #: a kernel's templated name can run to hundreds of characters; the line stays one line
 MAX_NAME = 60
 #: errors about the data (a missing run, an unreadable trace, the store), said as they are
@@ -71,7 +73,8 @@ def changes_line(ops: pd.DataFrame, categories: pd.DataFrame, limit: int = 3) ->
     if rows.empty:
         return NOTHING
     order = rows["diff_ns"].abs().sort_values(ascending=False, kind="stable").index
-    return ", ".join(_phrase(rows.loc[i]) for i in order[:limit])
+    # "; ": an operator's shapes carry commas of their own ("aten::mm (256x256, 256x256)")
+    return SEPARATOR.join(_phrase(rows.loc[i]) for i in order[:limit])
 
 
 def unknown(why: str) -> str:
@@ -138,4 +141,4 @@ def explain_result(store: Any, result: dict[str, Any], limit: int = 3) -> dict[s
     return out
 
 
-__all__ = ["NOTHING", "UNKNOWN", "changes_line", "explain_arm", "explain_result"]
+__all__ = ["NOTHING", "SEPARATOR", "UNKNOWN", "changes_line", "explain_arm", "explain_result"]
