@@ -3,6 +3,7 @@ hand, and checkpointing's predicted saving against the peak it measures.
 
     python bench/memory.py                      # both tables (~15 min on 2 cores)
     python bench/memory.py --only batch         # the largest batch alone (also: saving, cost)
+    python bench/memory.py --only saving --saving-jobs resnet_highres
     python bench/memory.py --json-out bench/results/memory.json
 
 **The largest batch.** The corpus's GPT trainer (examples/corpus/gpt_trainer.py, six
@@ -16,8 +17,11 @@ makes the peak uneven in the batch (``optim_runner/sweeps/largest_batch.py``). P
 the sweep's first prediction (from its own batches), the batch it found and the runs it
 spent, the batch found by hand and its runs.
 
-**Checkpointing's saving.** The same trainer at batch 8, twelve blocks, without a limit,
-under both allocator settings:
+**Checkpointing's saving.** The same trainer at batch 8, twelve blocks, the corpus's
+ResNet at a high resolution (examples/corpus/resnet_highres.py: 14 BasicBlocks in two
+``nn.Sequential`` stages) and the Hugging Face Trainer fine-tune (hf_trainer.py, seq 512:
+checkpointed by the model's own switch, which has no probe and predicts nothing), each
+without a limit, under both allocator settings:
 ``stepscope optimize --fixes activation_checkpointing --goal memory --trials 2``; the
 saving the fix predicted in the job (``predict_saving``: the blocks' saved bytes from a
 probe forward, less one block and their inputs), read from the trial's applied change,
@@ -57,6 +61,21 @@ LIMIT = "1.6GB"
 FIXED_THRESHOLD = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
 DEEP = ("--layers", "12", "--dim", "64", "--seq", "256", "--vocab", "256", "--batch", "8")
 # small enough that its capture's trace stays under the memory timeline's 1 MiB bound
+CORPUS = REPO / "examples" / "corpus"
+# checkpointing's saving, per corpus job: the script and its arguments (six steps)
+SAVING_JOBS = {
+    "gpt_trainer": (GPT, *DEEP, "--steps", "6"),
+    "resnet_highres": (
+        str(CORPUS / "resnet_highres.py"),
+        "--blocks", "12", "--image-size", "128", "--batch-size", "16", "--iters", "6",
+    ),
+    "hf_trainer": (
+        str(CORPUS / "hf_trainer.py"),
+        "--seq-len", "512", "--n-layer", "6", "--n-embd", "64", "--n-head", "8",
+        "--per-device-train-batch-size", "8", "--gradient-accumulation-steps", "1",
+        "--max-steps", "6",
+    ),
+}  # fmt: skip
 CAPTURED = ("--layers", "2", "--dim", "64", "--seq", "128", "--vocab", "256", "--batch", "4")
 
 
@@ -134,12 +153,10 @@ def largest_batch_row(allocator: str, env: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def saving_row(allocator: str, env: dict[str, str]) -> dict[str, Any]:
+def saving_row(job: str, allocator: str, env: dict[str, str]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
-        stepscope(
-            home, "run", "--no-profile", "--", sys.executable, GPT, *DEEP, "--steps", "6", env=env
-        )
+        stepscope(home, "run", "--no-profile", "--", sys.executable, *SAVING_JOBS[job], env=env)
         base = last_run(home)
         proc = stepscope(
             home, "optimize", str(base["id"]), "--fixes", "activation_checkpointing",
@@ -165,6 +182,7 @@ def saving_row(allocator: str, env: dict[str, str]) -> dict[str, Any]:
     rss = median(base_runs, "rss_bytes") - median(runs, "rss_bytes")
     vm = median(base_runs, "vm_peak_bytes") - median(runs, "vm_peak_bytes")
     return {
+        "job": job,
         "allocator": allocator,
         "predicted_bytes": predicted,
         "measured_rss_bytes": rss,
@@ -200,6 +218,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=("batch", "saving", "cost"))
     parser.add_argument("--json-out", type=Path)
+    parser.add_argument(
+        "--saving-jobs",
+        default=",".join(SAVING_JOBS),
+        help=f"the corpus jobs of the saving table, by name (default: {','.join(SAVING_JOBS)})",
+    )
     args = parser.parse_args()
     console = Console()
     out: dict[str, Any] = {}
@@ -230,15 +253,21 @@ def main() -> int:
                 console.print(f"{r['allocator']}: {r['note']}")
         out["largest_batch"] = rows
     if args.only in (None, "saving"):
-        rows = [saving_row("glibc default", {}), saving_row("threshold fixed", FIXED_THRESHOLD)]
+        rows = [
+            saving_row(job, allocator, env)
+            for job in args.saving_jobs.split(",")
+            for allocator, env in (("glibc default", {}), ("threshold fixed", FIXED_THRESHOLD))
+        ]
         mib = 2**20
         for row in rows:
+            predicted = row["predicted_bytes"]
             console.print(
-                f"activation_checkpointing, {row['allocator']}: predicted "
-                f"{row['predicted_bytes'] / mib:.0f} MiB; measured "
-                f"{row['measured_rss_bytes'] / mib:.0f} MiB resident "
-                f"({row['rss_over_predicted']:.2f}x), {row['measured_vm_bytes'] / mib:.0f} MiB "
-                f"of address space ({row['vm_over_predicted']:.2f}x)"
+                f"activation_checkpointing on {row['job']}, {row['allocator']}: predicted "
+                + (f"{predicted / mib:.0f} MiB" if predicted else "nothing (no probe)")
+                + f"; measured {row['measured_rss_bytes'] / mib:.0f} MiB resident"
+                + (f" ({row['rss_over_predicted']:.2f}x)" if predicted else "")
+                + f", {row['measured_vm_bytes'] / mib:.0f} MiB of address space"
+                + (f" ({row['vm_over_predicted']:.2f}x)" if predicted else "")
             )
         out["saving"] = rows
     if args.only in (None, "cost"):

@@ -14,6 +14,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+#: The run config's key for the step a job died of an exception in (the step timer's
+#: count at that moment, 0-based: 0 is before any step completed). Written by the
+#: bootstrap's excepthook, read by the diagnosis: the one step of a job that died in its
+#: first is the step cut short, and no share of step time can be read from it.
+FAILED_IN_STEP = "failed_in_step"
+
 #: The phases of a training step (``analyzers/steps/phases.py``, the step timer) as shown.
 PHASE_LABELS = {
     "data_wait": "data wait",

@@ -79,6 +79,30 @@ def test_failing_job_keeps_exit_code_traceback_and_records_error(tmp_path):
     assert len(jobs.steps(tmp_path, run_id)) == 3
 
 
+def test_a_job_that_fails_in_its_first_step_gets_its_error_not_a_verdict(tmp_path):
+    """Its one step is the forward cut short: read as a step, it was "inference records
+    gradients, 88 % of step time". One that fails after three steps is diagnosed."""
+    from stepscope.analyzers.rules.diagnosis import diagnose_run
+    from stepscope.store import RunStore
+    from stepscope.types import FAILED_IN_STEP
+
+    first, proc = jobs.run_job(tmp_path, "fail_in_forward.py")
+    assert proc.returncode == 1 and "IndexError" in proc.stderr
+    later, proc = jobs.run_job(tmp_path, "fail.py")
+    assert proc.returncode == 1
+    with RunStore(tmp_path) as store:
+        assert store.run(first)["config"][FAILED_IN_STEP] == 0
+        assert store.run(later)["config"][FAILED_IN_STEP] == 3
+        for run_id in (first, later):  # as the launcher ends them (the job ran alone here)
+            store.finish_run(run_id, "failed", exit_code=1)
+        cut_short = diagnose_run(store, first, save=False)
+        diagnosed = diagnose_run(store, later, save=False)
+    assert cut_short.findings == []
+    assert cut_short.reason.startswith("the job failed in its first step, before completing one")
+    assert "IndexError" in cut_short.reason
+    assert diagnosed.reason is None and diagnosed.findings
+
+
 def test_unwritable_store_does_not_break_the_job(tmp_path):
     blocker = tmp_path / "not_a_dir"
     blocker.write_text("")

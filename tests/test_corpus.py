@@ -170,6 +170,13 @@ JOBS: dict[str, Job] = {
         dataloader=False,
         optimizer=True,
     ),
+    "resnet_highres": Job(
+        "resnet_highres.py",
+        ("--blocks", "2", "--image-size", "64", "--iters", "6"),
+        r"^\[\d+/\d+\]\tTime \S+\tLoss (\S+)$",
+        dataloader=True,
+        optimizer=True,
+    ),
     "mnist_transforms": Job(
         "mnist_transforms.py",
         ("--train-size", "384", "--test-size", "250"),

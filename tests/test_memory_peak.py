@@ -188,3 +188,22 @@ def test_run_page_memory_section(recorded: dict, monkeypatch: pytest.MonkeyPatch
     plain = open_page("run", run=str(ids["plain"]))
     no_errors(plain)
     assert "no profiler capture" in texts(plain) or "has none" in texts(plain)
+
+
+@pytest.mark.parametrize(
+    ("frame", "the_jobs"),
+    [
+        ("/home/me/project/train.py(42): main", True),
+        ("transformers/activations.py(65): forward", True),  # a library the job chose
+        (f"{REPO}/stepscope/collectors/steps/step_timer.py(256): backward", False),
+        ("/opt/other/stepscope/collectors/steps/step_timer.py(256): backward", False),
+        ("torch/nn/modules/module.py(1778): _wrapped_call_impl", False),
+        ("threading.py(1045): _bootstrap_inner", False),
+    ],
+)
+def test_the_lines_table_skips_stepscopes_own_frames(frame: str, the_jobs: bool) -> None:
+    """An editable install's frames are absolute paths: the step timer's wrapper of
+    ``backward()`` was shown as the job's line holding 72 MiB of an HF Trainer's peak."""
+    from stepscope.analyzers.trace.memory_peak import _is_job_frame
+
+    assert _is_job_frame(frame) is the_jobs

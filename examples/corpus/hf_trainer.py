@@ -56,6 +56,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--learning-rate", type=float, default=5e-4)
     p.add_argument("--logging-steps", type=int, default=1)
     p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--n-layer", type=int, default=2, help="GPT-2 blocks")
+    p.add_argument("--n-embd", type=int, default=64, help="hidden size")
+    p.add_argument("--n-head", type=int, default=2)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--output-dir", default=None, help="default: a temporary directory")
     return p.parse_args()
@@ -65,11 +68,11 @@ def main() -> None:
     args = parse_args()
     set_seed(args.seed)
     config = GPT2Config(
-        n_layer=2,
-        n_head=2,
-        n_embd=64,
+        n_layer=args.n_layer,
+        n_head=args.n_head,
+        n_embd=args.n_embd,
         vocab_size=512,
-        n_positions=64,
+        n_positions=max(64, args.seq_len),
         bos_token_id=0,
         eos_token_id=0,
     )

@@ -40,7 +40,7 @@ from stepscope.analyzers.rules.memory import (
 from stepscope.analyzers.rules.recommend import recommend
 from stepscope.analyzers.trace.load import TraceError
 from stepscope.store.artifacts import ArtifactError, kind_files
-from stepscope.types import Finding
+from stepscope.types import FAILED_IN_STEP, Finding
 
 # What a diagnosis at each level rests on, as the verdict and the Run page say it.
 LEVEL_TEXT = {
@@ -103,6 +103,9 @@ def diagnose(ev: Evidence) -> Diagnosis:
         return _nothing_to_diagnose(ev)
     if oom_before_first_step(ev.run or {}):
         return _out_of_memory_in_first_step(ev)
+    run = ev.run or {}
+    if run.get("status") == "failed" and (run.get("config") or {}).get(FAILED_IN_STEP) == 0:
+        return _failed_in_first_step(ev)
     findings, warnings = [], []
     for rule in RULES:
         try:
@@ -184,6 +187,15 @@ def _out_of_memory_in_first_step(ev: Evidence) -> Diagnosis:
         findings.append(oom)
     note = "the job ran out of memory before it completed a step: no step time to read"
     return Diagnosis(ev.level, findings, [note])
+
+
+def _failed_in_first_step(ev: Evidence) -> Diagnosis:
+    """A job that died of an exception before it completed a step: its one recorded step
+    is the one cut short (an HF Trainer whose first forward raised IndexError read as
+    "inference records gradients, 88 % of step time"). Its error is the answer."""
+    error = str((ev.run or {}).get("error") or "an exception")
+    reason = f"the job failed in its first step, before completing one ({error[:200]})"
+    return Diagnosis(ev.level, [], [reason], reason=reason)
 
 
 def diagnose_report(report: TraceReport) -> Diagnosis:

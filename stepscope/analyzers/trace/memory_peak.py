@@ -33,6 +33,7 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -64,6 +65,13 @@ TIMELINE_RESOLUTION_NS = 1000
 MODULE_PREFIX = "nn.Module: "
 _FRAME = re.compile(r"^(?P<file>[^()]+)\((?P<line>\d+)\): (?P<func>.+)$")
 _NOT_THE_JOB = {"torch", "functorch", "stepscope", "triton", "<frozen"}
+#: stepscope's in-job code by absolute path (an editable install's frames are not
+#: relative to site-packages), here or on the machine that recorded the trace
+_OWN_CODE = (
+    str(Path(__file__).resolve().parents[2]) + "/",
+    "/stepscope/collectors/",
+    "/stepscope/fixes/",
+)
 _STDLIB = set(getattr(sys, "stdlib_module_names", ()))
 TOP_ROWS = 10
 
@@ -201,6 +209,8 @@ def _is_job_frame(name: str) -> bool:
     head = path.split("/", 1)[0]
     if head in _NOT_THE_JOB or "site-packages/torch/" in path or path.startswith("<"):
         return False
+    if path.startswith(_OWN_CODE[0]) or any(part in path for part in _OWN_CODE[1:]):
+        return False  # the step timer's wrapper of backward() is not the job's line
     return not ("/" not in path and path.removesuffix(".py") in _STDLIB)
 
 

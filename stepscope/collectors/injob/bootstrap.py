@@ -31,6 +31,7 @@ from typing import Any
 
 from stepscope.collectors.launch import contract
 from stepscope.errors import one_line_error
+from stepscope.types import FAILED_IN_STEP
 
 _state: _Bootstrap | None = None
 # transformers' generate() lives here; imported lazily by transformers itself
@@ -330,6 +331,8 @@ class _Bootstrap:
                     w = self.writer()
                     w.update_run(error=one_line_error(exc_type, exc))
                     w.flush()  # first: the launcher's stall limit stops at the error
+                    if self.timer is not None:  # the step it died in: 0, none completed
+                        w.merge_run_json("config", {FAILED_IN_STEP: int(self.timer.step)})
                     self._record_oom(w, exc_type, exc, tb)
                     self._finalize_timer()
                     w.flush()

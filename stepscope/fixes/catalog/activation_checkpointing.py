@@ -15,13 +15,18 @@ A Hugging Face model that supports it gets its own ``gradient_checkpointing_enab
 Applied at the model's first top-level call, before its first forward runs (the
 installer's ``on_model`` point); ``torch.compile`` compiles at the first forward too, so
 it traces the wrapped blocks. Numerics do not change: the recomputed forward is the same
-computation (dropout's RNG state is replayed by ``torch.utils.checkpoint``).
+computation (dropout's RNG state is replayed by ``torch.utils.checkpoint``). One state
+does change: a BatchNorm inside a wrapped block runs twice a step in training mode, so
+its running statistics take two updates where they took one (pytorch/pytorch#96136, open);
+the loss and gradients are the same, the statistics used at evaluation move faster. The
+change says so where the blocks hold BatchNorm layers.
 
 The predicted saving, in bytes, is measured in the job before the blocks are wrapped
 (``predict_saving``): one forward of the model on the first call's inputs, with torch's
 RNG state restored after it and a saved-tensors hook that counts, per block, the bytes
 autograd would keep for the backward and keeps none of them (so the probe holds no
-more than a forward without grad). Checkpointing frees the blocks' saved bytes, less one
+more than two blocks' activations). A storage is counted once even where two blocks
+save it (a block's output, saved by its last ReLU and by the next block's first conv). Checkpointing frees the blocks' saved bytes, less one
 block's (recomputed in the backward) and less each block's input (kept by the wrapper).
 A model the probe cannot call (keyword inputs, a forward that refuses a second call)
 gets the fraction ``(n - 1) / n`` from the block count instead, and says so. It is a
@@ -88,15 +93,21 @@ def _mib(n: float) -> str:
     return f"{n / 2**20:.1f} MiB"
 
 
-def predict_saving(model: Any, blocks: list[tuple[str, Any]], args: tuple, torch: Any) -> str:
-    """The bytes checkpointing should free, measured by one probe forward (see the module
-    docstring), as the text of the change; the block-count fraction where it cannot run."""
+def saved_by_blocks(
+    model: Any, blocks: list[tuple[str, Any]], args: tuple, torch: Any
+) -> tuple[list[int], list[int]]:
+    """(bytes autograd saves inside each block, bytes of each block's inputs), from one
+    probe forward of ``model`` on ``args`` (see the module docstring); raises what the
+    forward raises."""
     n = len(blocks)
     owner = {id(m): i for i, (_, m) in enumerate(blocks)}
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     per_block = [0] * n
     inputs = [0] * n
     held: dict[int, Any] = {}  # this block's saved tensors: a storage freed can be reused
+    # the block before's: a ResNet block's output is saved by its last ReLU and again by
+    # the next block's first conv, one storage that checkpointing keeps as an input
+    previous: dict[int, Any] = {}
     active: list[int] = []
 
     def pre(module: Any, inp: tuple) -> None:
@@ -106,13 +117,15 @@ def predict_saving(model: Any, blocks: list[tuple[str, Any]], args: tuple, torch
 
     def post(module: Any, inp: tuple, out: Any) -> None:
         active.pop()
-        held.clear()  # at most one block's activations held by the probe at a time
+        previous.clear()  # at most two blocks' activations held by the probe at a time
+        previous.update(held)
+        held.clear()
 
     def pack(t: Any) -> None:
         with contextlib.suppress(Exception):  # a tensor without plain storage: not counted
             storage = t.untyped_storage()
             ptr = storage.data_ptr()
-            if active and ptr not in params and ptr not in held:
+            if active and ptr not in params and ptr not in held and ptr not in previous:
                 held[ptr] = t
                 per_block[active[-1]] += storage.nbytes()
 
@@ -127,14 +140,24 @@ def predict_saving(model: Any, blocks: list[tuple[str, Any]], args: tuple, torch
             torch.autograd.graph.saved_tensors_hooks(pack, lambda _: None),
         ):
             type(model).forward(model, *args)  # the class's: a compiled forward stays as it is
+    finally:
+        for handle in handles:
+            handle.remove()
+    return per_block, inputs
+
+
+def predict_saving(model: Any, blocks: list[tuple[str, Any]], args: tuple, torch: Any) -> str:
+    """The bytes checkpointing should free, as the text of the change: the blocks' saved
+    bytes less the largest block's (recomputed in the backward) and their inputs (kept);
+    the block-count fraction where the probe forward cannot run."""
+    n = len(blocks)
+    try:
+        per_block, inputs = saved_by_blocks(model, blocks, args, torch)
     except Exception as exc:
         return (
             f"predicted from the block count: about {n - 1}/{n} of their activations freed "
             f"(the probe forward failed: {type(exc).__name__})"
         )
-    finally:
-        for handle in handles:
-            handle.remove()
     saved = sum(per_block)
     freed = max(0, saved - max(per_block) - sum(inputs))
     return (
@@ -196,13 +219,24 @@ def _on_model(call: ModelCall, params: dict[str, Any]) -> None:
         check_fn=lambda m: id(m) in ids,
     )
     wrapped = sum(1 for m in model.modules() if isinstance(m, CheckpointWrapper))
+    norms = sum(
+        isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+        for _, block in blocks
+        for m in block.modules()
+    )
+    twice = (
+        f"; their {norms} BatchNorm layers update their running statistics twice a step "
+        "(the recompute: pytorch/pytorch#96136)"
+        if norms
+        else ""
+    )
     n = len(blocks)
     classes = sorted({type(m).__name__ for _, m in blocks})
     where = sorted({name.rsplit(".", 1)[0] if "." in name else "" for name, _ in blocks})
     call.record(
         Change(
             f"checkpointed {n} {'/'.join(classes)} blocks of {', '.join(w or 'the model' for w in where)}"
-            f" (non-reentrant); {prediction}; about one more forward per step",
+            f" (non-reentrant); {prediction}; about one more forward per step{twice}",
             verified=wrapped == n,
         )
     )
