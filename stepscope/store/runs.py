@@ -220,12 +220,20 @@ class RunsTable:
         JSON of each run's environment, device, facts and config, whose decoding was most
         of its time on a store of 10,000 runs."""
         self.reconcile()
-        columns = ", ".join(f'r."{c}"' for c in (*LIST_COLUMNS, *extra))
-        df = self._db.frame(
-            f"SELECT {columns}, (SELECT COUNT(*) FROM steps s WHERE s.run_id=r.id) AS steps"
-            " FROM runs r ORDER BY r.id DESC"
-        )
-        return _decode_json(df)
+        return _decode_json(self._db.frame(_list_sql(extra)))
+
+    def run_rows(self, *extra: str) -> list[dict[str, Any]]:
+        """``run_list()`` as one dict per run (SQL NULL is None), for the callers that
+        need no frame: `stepscope runs` answers without importing pandas (0.6 s)."""
+        self.reconcile()
+        rows = self._db.rows(_list_sql(extra))
+        for row in rows:
+            for col in _JSON_COLUMNS:
+                if col in row:
+                    row[col] = json.loads(row[col]) if row[col] else {}
+            if "env" in row:
+                row["env"] = _without_password(row["env"])
+        return rows
 
     def run(self, run_id: int) -> dict[str, Any]:
         self.reconcile()
@@ -279,6 +287,15 @@ def _default_name(command: list[str]) -> str:
         if arg.endswith(".py"):
             return Path(arg).stem
     return Path(command[0]).name if command else "run"
+
+
+def _list_sql(extra: Sequence[str]) -> str:
+    """The query of ``run_list`` and ``run_rows``: LIST_COLUMNS, ``extra``, step counts."""
+    columns = ", ".join(f'r."{c}"' for c in (*LIST_COLUMNS, *extra))
+    return (
+        f"SELECT {columns}, (SELECT COUNT(*) FROM steps s WHERE s.run_id=r.id) AS steps"
+        " FROM runs r ORDER BY r.id DESC"
+    )
 
 
 def _decode_json(df: pd.DataFrame) -> pd.DataFrame:

@@ -31,7 +31,8 @@ SAY_COMPUTING_FROM = 100
 
 
 def run_row(run: dict[str, Any], figures: dict[str, Any]) -> dict[str, Any]:
-    """The fields `runs` lists for one run (a row of ``store.run_list()``, and its figures)."""
+    """The fields `runs` lists for one run (a row of ``store.run_rows()`` or of
+    ``store.run_list()``, and its figures)."""
     run = {k: None if missing(v) else v for k, v in run.items()}  # pandas NaN -> None
     return {
         "id": int(run["id"]),
@@ -70,8 +71,8 @@ def cmd_runs(as_json: bool, limit: int | None = None, every: bool = False) -> in
     if limit is None and not (as_json or every):
         limit = TABLE_ROWS
     with RunStore() as store:
-        listed = store.run_list()
-        runs = listed if every or limit is None else listed.head(limit)
+        listed = store.run_rows()
+        runs = listed if every or limit is None else listed[:limit]
         top = store.top_findings()
         figures, todo = kept_figures(store, run_states(runs))
         ended = sum(state.ended for state in todo)
@@ -83,7 +84,7 @@ def cmd_runs(as_json: bool, limit: int | None = None, every: bool = False) -> in
             )
         figures.update(compute_figures(store, todo))
         rows = []
-        for rec in runs.to_dict("records"):
+        for rec in runs:
             row = run_row(rec, figures[int(rec["id"])])
             finding = top.get(int(rec["id"]))
             row["top_finding"] = (
