@@ -24,9 +24,8 @@ from stepscope.store.user_key import KeyFileError
 
 if TYPE_CHECKING:
     import pandas as pd
-    from sqlalchemy import Connection
 
-    from stepscope.store.db import Db
+    from stepscope.store.db import Connection, Db
 
 _JSON_COLUMNS = ("command", "env", "device", "config", "facts")
 #: the columns of ``run_list``: what the runs list and the pickers read

@@ -21,9 +21,8 @@ from stepscope.store.identity import current_user
 
 if TYPE_CHECKING:
     import pandas as pd
-    from sqlalchemy import Connection
 
-    from stepscope.store.db import Db
+    from stepscope.store.db import Connection, Db
 
 # What ``resolve_run`` reads before tags: a tag spelled like these could never be reached.
 RESERVED = ("last", "latest")
