@@ -221,11 +221,13 @@ class RunsTable:
         self.reconcile()
         return _decode_json(self._db.frame(_list_sql(extra)))
 
-    def run_rows(self, *extra: str) -> list[dict[str, Any]]:
-        """``run_list()`` as one dict per run (SQL NULL is None), for the callers that
-        need no frame: `stepscope runs` answers without importing pandas (0.6 s)."""
+    def run_rows(self, *extra: str, limit: int | None = None) -> list[dict[str, Any]]:
+        """``run_list()`` as one dict per run (SQL NULL is None), the newest ``limit``
+        only if given, for the callers that need no frame: `stepscope runs` answers
+        without importing pandas (0.6 s)."""
         self.reconcile()
-        rows = self._db.rows(_list_sql(extra))
+        sql = _list_sql(extra)
+        rows = self._db.rows(sql if limit is None else f"{sql} LIMIT {int(limit)}")
         for row in rows:
             for col in _JSON_COLUMNS:
                 if col in row:
@@ -233,6 +235,10 @@ class RunsTable:
             if "env" in row:
                 row["env"] = _without_password(row["env"])
         return rows
+
+    def run_count(self) -> int:
+        """How many runs the store holds."""
+        return int(self._db.scalar("SELECT COUNT(*) FROM runs"))
 
     def run(self, run_id: int) -> dict[str, Any]:
         self.reconcile()

@@ -79,7 +79,7 @@ def _seconds(value: Any) -> float | None:
 def kept_figures(store: Any, states: list[RunState]) -> tuple[dict[int, Figures], list[RunState]]:
     """The figures kept for runs whose state is still the one they were computed for,
     and the runs whose figures must be computed (running, never kept, or changed since)."""
-    kept = store.kept_summaries()
+    kept = store.kept_summaries([state.run_id for state in states])
     known: dict[int, Figures] = {}
     todo: list[RunState] = []
     for state in states:

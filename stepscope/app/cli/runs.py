@@ -19,8 +19,6 @@ from stepscope.app.cli.exit_codes import EXIT_REFUSED
 from stepscope.app.cli.findings_output import finding_text
 from stepscope.app.cli.term import esc, print_json, status_text
 from stepscope.app.formats import fmt_s, fmt_time, missing
-from stepscope.app.ownership import refusal
-from stepscope.collectors.capture.control import request_capture
 from stepscope.store import RunStore
 
 #: the table's rows when no --limit is given: the newest runs
@@ -71,9 +69,13 @@ def cmd_runs(as_json: bool, limit: int | None = None, every: bool = False) -> in
     if limit is None and not (as_json or every):
         limit = TABLE_ROWS
     with RunStore() as store:
-        listed = store.run_rows()
-        runs = listed if every or limit is None else listed[:limit]
-        top = store.top_findings()
+        if every or limit is None:
+            runs = store.run_rows()
+            total = len(runs)
+        else:  # a table's newest rows, and the count it says they are of
+            runs = store.run_rows(limit=limit)
+            total = store.run_count()
+        top = store.top_findings([int(run["id"]) for run in runs])
         figures, todo = kept_figures(store, run_states(runs))
         ended = sum(state.ended for state in todo)
         if ended >= SAY_COMPUTING_FROM:
@@ -133,16 +135,20 @@ def cmd_runs(as_json: bool, limit: int | None = None, every: bool = False) -> in
             *((finding_text(finding),) if with_findings else ()),
         )
     term.console().print(table)
-    if len(rows) < len(listed):
+    if len(rows) < total:
         term.say(
             term.console(),
-            f"the newest {len(rows):,} of {len(listed):,} runs: --all lists every one,"
+            f"the newest {len(rows):,} of {total:,} runs: --all lists every one,"
             " --limit N the newest N",
         )
     return 0
 
 
 def cmd_capture(ref: str, steps: int) -> int:
+    # local: what `capture` needs of a running job, which `runs` never does
+    from stepscope.app.ownership import refusal
+    from stepscope.collectors.capture.control import request_capture  # local: same
+
     with RunStore() as store:
         run_id = store.resolve_run(ref)
         run = store.run(run_id)
