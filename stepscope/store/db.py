@@ -1,11 +1,13 @@
 """The store's database connection on either backend: SQLite (the default) or PostgreSQL.
 
-One SQLAlchemy engine per ``RunStore``; SQL is written once, as ``text()`` with named
-parameters, in the subset both backends speak (``INSERT ... ON CONFLICT``, ``RETURNING``).
-Each call checks a connection out of the engine's small pool and gives it back at the
-end of its transaction, so no reader sits on an open transaction (a pinned WAL snapshot
-on SQLite, an "idle in transaction" session on PostgreSQL) between calls, and one store
-can serve several threads (the pool hands each its own connection).
+One engine per ``RunStore``: SQLAlchemy's on PostgreSQL, and on SQLite the few parts of
+it the store used, on Python's own sqlite3 (``sqlite_engine.py``: importing SQLAlchemy
+cost every command and every job process 0.35 s). SQL is written once, with ``:name``
+parameters, in the subset both backends speak (``INSERT ... ON CONFLICT``,
+``RETURNING``). Each call checks a connection out of the engine's small pool and gives
+it back at the end of its transaction, so no reader sits on an open transaction (a
+pinned WAL snapshot on SQLite, an "idle in transaction" session on PostgreSQL) between
+calls, and one store can serve several threads (the pool hands each its own connection).
 """
 
 from __future__ import annotations
@@ -13,21 +15,27 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import sqlite3
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
+from stepscope.store.sqlite_engine import SqliteConnection, SqliteEngine
 from stepscope.store.url import StoreError, StoreUrl
 
 if TYPE_CHECKING:
     import pandas as pd
     import sqlalchemy as sa
 
-# SQLAlchemy is imported when a store is first opened, not with the package: the
-# writer's module is imported on the job's main thread at start-up, and the writer
-# opens its store from its own thread. Those imports (about 0.2 s of Python, holding
-# the GIL) must not land in the job's first steps: ``preload`` runs them earlier.
+    #: a connection of either engine, as ``connect``, ``begin`` and ``within`` give it
+    Connection: TypeAlias = sa.Connection | SqliteConnection
+
+# SQLAlchemy (PostgreSQL stores only) is imported when a store is first opened, not with
+# the package: the writer's module is imported on the job's main thread at start-up, and
+# the writer opens its store from its own thread. Those imports (about 0.2 s of Python,
+# holding the GIL) must not land in the job's first steps: ``preload`` runs them earlier.
 
 BUSY_TIMEOUT_MS = 10_000
 CONNECT_TIMEOUT_S = 10
@@ -36,7 +44,8 @@ Params = Mapping[str, Any] | Sequence[Mapping[str, Any]] | None
 
 
 def preload() -> None:
-    """Import SQLAlchemy and the store's dialect now, on the caller's thread.
+    """Import SQLAlchemy and the store's dialect now, on the caller's thread, for a
+    PostgreSQL store (a SQLite store's sqlite3 is imported with this module).
 
     Called by the bootstrap when the job imports torch, before the job's own set-up goes
     on. Left to the writer's first open, these imports would run beside the job's first
@@ -47,39 +56,36 @@ def preload() -> None:
     and the child's first store write waited on them for ever. About 0.16 s once, at
     start-up. Any failure is left to the store's open to report.
     """
+    if not (os.environ.get("STEPSCOPE_STORE") or "").startswith("postgres"):
+        return
     with contextlib.suppress(Exception):
         import sqlalchemy
+        import sqlalchemy.dialects.postgresql.psycopg  # noqa: F401
 
-        if (os.environ.get("STEPSCOPE_STORE") or "").startswith("postgres"):
-            import sqlalchemy.dialects.postgresql.psycopg  # noqa: F401
-
-            sqlalchemy.make_url("postgresql+psycopg://preload")  # compiles its regex
-        else:
-            # an engine on no file: sqlite3, the dialect, the URL's regex and the pool are
-            # ready, and the writer's open is left with its few C calls. Done later, that
-            # Python ran beside the first steps: on a loaded machine it stretched the
-            # job's second data fetch from 5 ms to 0.2 s
-            sqlalchemy.create_engine("sqlite://").dispose()
+        sqlalchemy.make_url("postgresql+psycopg://preload")  # compiles its regex
 
 
 class Db:
     """An engine plus the few ways the store tables use it."""
 
-    def __init__(self, url: StoreUrl) -> None:
-        import sqlalchemy as sa
-        from sqlalchemy import event
+    engine: Any  # SqliteEngine, or SQLAlchemy's Engine on PostgreSQL
 
+    def __init__(self, url: StoreUrl) -> None:
         self.url = url
         self.backend = url.backend
+        #: what a database that cannot be reached raises: turned into StoreError
+        self._unreachable: tuple[type[BaseException], ...]
         if url.backend == "sqlite":
-            self.engine = sa.create_engine(
-                url.sqlalchemy,
-                connect_args={"timeout": BUSY_TIMEOUT_MS / 1000, "check_same_thread": False},
-                pool_size=2,
-                max_overflow=8,
+            assert url.path is not None  # resolve_store_url gives SQLite a file
+            self.engine = SqliteEngine(
+                url.path, timeout_s=BUSY_TIMEOUT_MS / 1000, on_connect=_sqlite_pragmas
             )
-            event.listen(self.engine, "connect", _sqlite_pragmas)
+            self._unreachable = (sqlite3.OperationalError, sqlite3.InterfaceError)
         else:
+            import sqlalchemy as sa
+            from sqlalchemy.exc import InterfaceError, OperationalError
+
+            self._unreachable = (OperationalError, InterfaceError)
             self.engine = sa.create_engine(
                 url.sqlalchemy,
                 connect_args={"connect_timeout": CONNECT_TIMEOUT_S},
@@ -94,34 +100,30 @@ class Db:
         self.engine.dispose()
 
     @contextmanager
-    def connect(self) -> Iterator[sa.Connection]:
+    def connect(self) -> Iterator[Connection]:
         """A pooled connection for reads; the store's own error for a failing database."""
-        from sqlalchemy.exc import InterfaceError, OperationalError
-
         try:
             with self.engine.connect() as conn:
                 yield conn
-        except (OperationalError, InterfaceError) as exc:
+        except self._unreachable as exc:
             raise StoreError(f"{self.url.display}: {self.url.hide(error_text(exc))}") from exc
 
     @contextmanager
-    def begin(self) -> Iterator[sa.Connection]:
+    def begin(self) -> Iterator[Connection]:
         """One transaction: committed at the end of the block, rolled back on error.
 
         A database that fails (locked past the busy timeout, server gone) raises
         StoreError naming the store in one line; constraint violations (IntegrityError)
         and SQL errors (bugs) pass through as they are.
         """
-        from sqlalchemy.exc import InterfaceError, OperationalError
-
         try:
             with self.engine.begin() as conn:
                 yield conn
-        except (OperationalError, InterfaceError) as exc:
+        except self._unreachable as exc:
             raise StoreError(f"{self.url.display}: {self.url.hide(error_text(exc))}") from exc
 
     @contextmanager
-    def within(self, conn: sa.Connection | None) -> Iterator[sa.Connection]:
+    def within(self, conn: Connection | None) -> Iterator[Connection]:
         """``conn``, a transaction the caller holds open (``RunStore.transaction``: the
         writer's flush commits all its rows at once, or none), else one of its own."""
         if conn is not None:
@@ -131,7 +133,7 @@ class Db:
             yield own
 
     def execute(
-        self, sql: str, params: Params = None, *, conn: sa.Connection | None = None
+        self, sql: str, params: Params = None, *, conn: Connection | None = None
     ) -> Buffered:
         """Run one statement (a list of parameter dicts: executemany) in its own
         transaction, or in ``conn``'s; the result is buffered, readable after the
@@ -142,7 +144,7 @@ class Db:
             return Buffered(rows, result.rowcount)
 
     def executemany(
-        self, sql: str, rows: Sequence[Sequence[Any]], *, conn: sa.Connection | None = None
+        self, sql: str, rows: Sequence[Sequence[Any]], *, conn: Connection | None = None
     ) -> None:
         """Insert many rows of positional values (``?`` placeholders) in one transaction
         (or ``conn``'s), straight to the driver: the hot path of the writer (steps,
@@ -170,18 +172,21 @@ class Db:
         # local: pandas costs ~1 s and ~50 MB, and the writer opens the store inside
         # every process of the user's job
         import pandas as pd
-        from sqlalchemy import text
 
         with self.connect() as conn:
+            if isinstance(conn, SqliteConnection):
+                return _sqlite_frame(pd, conn, sql, params)
+            from sqlalchemy import text  # loaded with the PostgreSQL engine
+
             return pd.read_sql_query(text(sql), conn, params=params)
 
-    def script(self, conn: sa.Connection, sql: str) -> None:
+    def script(self, conn: Connection, sql: str) -> None:
         """Run a script of statements (DDL, migrations) on ``conn``, one at a time:
         neither driver takes several statements with one call in a transaction."""
         for statement in split_statements(sql):
             conn.exec_driver_sql(statement)
 
-    def has_table(self, conn: sa.Connection, name: str) -> bool:
+    def has_table(self, conn: Connection, name: str) -> bool:
         """One catalog query (SQLAlchemy's inspector makes several: an open per job
         process adds up on a shared server)."""
         if self.backend == "sqlite":
@@ -205,11 +210,28 @@ class Buffered:
         return list(self.rows)
 
 
-def q(conn: sa.Connection, sql: str, params: Params = None) -> sa.CursorResult[Any]:
-    """Execute ``sql`` (named parameters) on a connection inside a ``Db.begin`` block."""
+def q(conn: Connection, sql: str, params: Params = None) -> Any:
+    """Execute ``sql`` (named parameters) on a connection inside a ``Db.begin`` block;
+    the result reads as SQLAlchemy's on either engine (``sqlite_engine.Result``)."""
+    if isinstance(conn, SqliteConnection):
+        return conn.execute(sql, params)
     from sqlalchemy import text  # a module already loaded: see the note at the top
 
     return conn.execute(text(sql), params)
+
+
+def _sqlite_frame(
+    pd: Any, conn: SqliteConnection, sql: str, params: Mapping[str, Any]
+) -> pd.DataFrame:
+    """``read_sql_query`` on the sqlite3 connection itself (a frame made as SQLAlchemy's
+    connection made it: the same rows, the same dtypes); a failing query raises
+    sqlite3's error, which pandas wraps in its own, so that ``Db`` says it as before."""
+    try:
+        return pd.read_sql_query(sql, conn.dbapi, params=params)
+    except pd.errors.DatabaseError as exc:
+        if isinstance(exc.__cause__, sqlite3.Error):
+            raise exc.__cause__ from None
+        raise
 
 
 def split_statements(sql: str) -> list[str]:
@@ -228,13 +250,22 @@ def error_text(error: BaseException) -> str:
 
 
 def db_errors() -> tuple[type[BaseException], ...]:
-    """What a failing database raises (through SQLAlchemy, whatever the driver)."""
-    from sqlalchemy.exc import SQLAlchemyError
+    """What a failing database raises: sqlite3's errors, and SQLAlchemy's where it is
+    loaded (a PostgreSQL store's; a process that never loaded it cannot get them)."""
+    sa_exc = sys.modules.get("sqlalchemy.exc")
+    return (sqlite3.Error,) if sa_exc is None else (sqlite3.Error, sa_exc.SQLAlchemyError)
 
-    return (SQLAlchemyError,)
+
+def integrity_errors() -> tuple[type[BaseException], ...]:
+    """What a violated constraint raises (a unique key another process took first), on
+    either engine."""
+    sa_exc = sys.modules.get("sqlalchemy.exc")
+    if sa_exc is None:
+        return (sqlite3.IntegrityError,)
+    return (sqlite3.IntegrityError, sa_exc.IntegrityError)
 
 
-def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+def _sqlite_pragmas(dbapi_conn: sqlite3.Connection) -> None:
     """The settings every SQLite connection of the store has had since the first release:
     WAL (readers never block the writer), a busy timeout, and enforced foreign keys."""
     cur = dbapi_conn.cursor()
@@ -255,8 +286,6 @@ def _wal(cur: Any) -> None:
     when another process holds a lock meanwhile: two launchers opening a new store
     together (a multi-node job's, two jobs started at once) would fail one of them.
     """
-    import sqlite3  # local: the sqlite driver is loaded already, this is its exception
-
     deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
     while True:
         try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from stepscope.store.db import q
@@ -63,9 +63,14 @@ class FindingsTable:
         )
         return [_finding(row) for row in rows]
 
-    def top_findings(self) -> dict[int, Finding]:
-        """run id -> its first finding: the runs table."""
-        rows = self._db.rows("SELECT * FROM findings WHERE position=0")
+    def top_findings(self, run_ids: Collection[int] | None = None) -> dict[int, Finding]:
+        """run id -> its first finding: the runs table (of every run, or of ``run_ids``)."""
+        sql = "SELECT * FROM findings WHERE position=0"
+        if run_ids is not None:
+            if not run_ids:
+                return {}
+            sql += f" AND run_id IN ({','.join(str(int(i)) for i in run_ids)})"  # ints only
+        rows = self._db.rows(sql)
         return {int(r["run_id"]): _finding(r) for r in rows}
 
 

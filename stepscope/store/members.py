@@ -15,15 +15,14 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from stepscope.store.db import q
+from stepscope.store.db import integrity_errors, q
 from stepscope.store.identity import current_user
 from stepscope.store.runs import lock_run
 
 if TYPE_CHECKING:
     import pandas as pd
-    from sqlalchemy import Connection
 
-    from stepscope.store.db import Db
+    from stepscope.store.db import Connection, Db
 
 #: Worst first: the run of several members ends with the worst status among them.
 STATUS_SEVERITY = ("failed", "lost", "killed", "interrupted", "stopped", "completed")
@@ -51,8 +50,6 @@ class MembersTable:
         Two launchers racing both try to insert; the partial unique index on the
         group's running run lets one through, and the other finds that run and joins.
         """
-        from sqlalchemy.exc import IntegrityError  # loaded with the store: see db.py
-
         for _ in range(_JOIN_ATTEMPTS):
             found = self._db.scalar(
                 "SELECT id FROM runs WHERE run_group=:g AND status='running' ORDER BY id LIMIT 1",
@@ -62,7 +59,7 @@ class MembersTable:
                 return int(found), False
             try:
                 return self.create_run(command, run_group=run_group, **create_kwargs), True
-            except IntegrityError:
+            except integrity_errors():
                 continue  # another launcher created it first: join that one
         raise RuntimeError(f"could not join or create the run of group {run_group!r}")
 

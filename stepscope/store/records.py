@@ -18,9 +18,8 @@ from stepscope.store.db import q
 
 if TYPE_CHECKING:
     import pandas as pd
-    from sqlalchemy import Connection
 
-    from stepscope.store.db import Db
+    from stepscope.store.db import Connection, Db
 
 _STEP_COLUMNS = (
     "run_id", "rank", "worker", "step", "start_s", "end_s", "data_wait_s", "device_s", "batch_size",

@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import pandas as pd
-    from sqlalchemy import Connection
 
-    from stepscope.store.db import Db
+    from stepscope.store.db import Connection, Db
 
 REQUEST_COLUMNS = (
     "run_id", "rank", "request", "step", "source", "status", "start_s", "end_s", "rows",

@@ -24,9 +24,8 @@ from stepscope.store.user_key import KeyFileError
 
 if TYPE_CHECKING:
     import pandas as pd
-    from sqlalchemy import Connection
 
-    from stepscope.store.db import Db
+    from stepscope.store.db import Connection, Db
 
 _JSON_COLUMNS = ("command", "env", "device", "config", "facts")
 #: the columns of ``run_list``: what the runs list and the pickers read
@@ -220,12 +219,26 @@ class RunsTable:
         JSON of each run's environment, device, facts and config, whose decoding was most
         of its time on a store of 10,000 runs."""
         self.reconcile()
-        columns = ", ".join(f'r."{c}"' for c in (*LIST_COLUMNS, *extra))
-        df = self._db.frame(
-            f"SELECT {columns}, (SELECT COUNT(*) FROM steps s WHERE s.run_id=r.id) AS steps"
-            " FROM runs r ORDER BY r.id DESC"
-        )
-        return _decode_json(df)
+        return _decode_json(self._db.frame(_list_sql(extra)))
+
+    def run_rows(self, *extra: str, limit: int | None = None) -> list[dict[str, Any]]:
+        """``run_list()`` as one dict per run (SQL NULL is None), the newest ``limit``
+        only if given, for the callers that need no frame: `stepscope runs` answers
+        without importing pandas (0.6 s)."""
+        self.reconcile()
+        sql = _list_sql(extra)
+        rows = self._db.rows(sql if limit is None else f"{sql} LIMIT {int(limit)}")
+        for row in rows:
+            for col in _JSON_COLUMNS:
+                if col in row:
+                    row[col] = json.loads(row[col]) if row[col] else {}
+            if "env" in row:
+                row["env"] = _without_password(row["env"])
+        return rows
+
+    def run_count(self) -> int:
+        """How many runs the store holds."""
+        return int(self._db.scalar("SELECT COUNT(*) FROM runs"))
 
     def run(self, run_id: int) -> dict[str, Any]:
         self.reconcile()
@@ -279,6 +292,15 @@ def _default_name(command: list[str]) -> str:
         if arg.endswith(".py"):
             return Path(arg).stem
     return Path(command[0]).name if command else "run"
+
+
+def _list_sql(extra: Sequence[str]) -> str:
+    """The query of ``run_list`` and ``run_rows``: LIST_COLUMNS, ``extra``, step counts."""
+    columns = ", ".join(f'r."{c}"' for c in (*LIST_COLUMNS, *extra))
+    return (
+        f"SELECT {columns}, (SELECT COUNT(*) FROM steps s WHERE s.run_id=r.id) AS steps"
+        " FROM runs r ORDER BY r.id DESC"
+    )
 
 
 def _decode_json(df: pd.DataFrame) -> pd.DataFrame:

@@ -33,7 +33,7 @@ from stepscope.store.tags import TagsTable
 from stepscope.store.url import StoreError, resolve_store_url
 
 if TYPE_CHECKING:
-    from sqlalchemy import Connection
+    from stepscope.store.db import Connection
 
 __all__ = ["RunStore", "StoreError", "default_home"]
 

@@ -21,9 +21,8 @@ from stepscope.store.identity import current_user
 
 if TYPE_CHECKING:
     import pandas as pd
-    from sqlalchemy import Connection
 
-    from stepscope.store.db import Db
+    from stepscope.store.db import Connection, Db
 
 # What ``resolve_run`` reads before tags: a tag spelled like these could never be reached.
 RESERVED = ("last", "latest")
@@ -99,12 +98,24 @@ class TagsTable:
 
     def tags(self, run_id: int | None = None) -> pd.DataFrame:
         """Every tag (or ``run_id``'s), by name, with its run's name (columns TAG_COLUMNS)."""
-        sql = (
-            'SELECT t.name, t.run_id, r.name AS run_name, t.created_at, t."user", t.host'
-            " FROM tags t JOIN runs r ON r.id = t.run_id"
-        )
-        params: dict[str, Any] = {}
-        if run_id is not None:
-            sql += " WHERE t.run_id = :run_id"
-            params["run_id"] = int(run_id)
-        return self._db.frame(sql + " ORDER BY t.name", **params)
+        sql, params = _tags_query(run_id)
+        return self._db.frame(sql, **params)
+
+    def tag_rows(self, run_id: int | None = None) -> list[dict[str, Any]]:
+        """``tags()`` as one dict per tag (SQL NULL is None): `stepscope tag --list`
+        answers without importing pandas."""
+        sql, params = _tags_query(run_id)
+        return self._db.rows(sql, **params)
+
+
+def _tags_query(run_id: int | None) -> tuple[str, dict[str, Any]]:
+    """The SQL and parameters of ``tags`` and ``tag_rows``."""
+    sql = (
+        'SELECT t.name, t.run_id, r.name AS run_name, t.created_at, t."user", t.host'
+        " FROM tags t JOIN runs r ON r.id = t.run_id"
+    )
+    params: dict[str, Any] = {}
+    if run_id is not None:
+        sql += " WHERE t.run_id = :run_id"
+        params["run_id"] = int(run_id)
+    return sql + " ORDER BY t.name", params

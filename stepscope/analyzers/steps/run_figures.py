@@ -21,15 +21,16 @@ fresh computation gives, to the last bit (a JSON round trip keeps a float exactl
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-
-from stepscope.analyzers.steps.step_stats import summarize_steps
 from stepscope.store.db import db_errors
 from stepscope.store.summaries import Figures, KeptSummary, SummaryKey
 from stepscope.store.url import StoreError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 #: the figures of ``summarize_steps`` that the runs list shows (CLI and dashboard)
 LISTED = ("step_time_median_s", "samples_per_s", "data_wait_share")
@@ -56,20 +57,29 @@ class RunState:
         return self.status != "running"
 
 
-def run_states(runs: pd.DataFrame) -> list[RunState]:
-    """The state of each run of ``store.runs()`` (its ``steps`` column is the count)."""
+def run_states(runs: pd.DataFrame | Sequence[Mapping[str, Any]]) -> list[RunState]:
+    """The state of each run of ``store.runs()`` or ``store.run_list()`` (its ``steps``
+    column is the count), or of each dict of ``store.run_rows()``."""
+    names = ("id", "steps", "status", "ended_at")
+    if isinstance(runs, Sequence):  # dicts: the runs list's path without pandas
+        columns = [[row[name] for row in runs] for name in names]
+    else:
+        columns = [runs[name] for name in names]
     return [
-        RunState(int(i), int(n), str(status), None if pd.isna(end) else float(end))
-        for i, n, status, end in zip(
-            runs["id"], runs["steps"], runs["status"], runs["ended_at"], strict=True
-        )
+        RunState(int(i), int(n), str(status), _seconds(end))
+        for i, n, status, end in zip(*columns, strict=True)
     ]
+
+
+def _seconds(value: Any) -> float | None:
+    """A moment of a frame's float column (NaN: none) or of a row (None: none)."""
+    return None if value is None or value != value else float(value)
 
 
 def kept_figures(store: Any, states: list[RunState]) -> tuple[dict[int, Figures], list[RunState]]:
     """The figures kept for runs whose state is still the one they were computed for,
     and the runs whose figures must be computed (running, never kept, or changed since)."""
-    kept = store.kept_summaries()
+    kept = store.kept_summaries([state.run_id for state in states])
     known: dict[int, Figures] = {}
     todo: list[RunState] = []
     for state in states:
@@ -85,6 +95,11 @@ def compute_figures(store: Any, todo: list[RunState]) -> dict[int, Figures]:
     """The figures of ``todo``'s runs, their steps read in batches of a query per few
     hundred runs; those of ended runs are kept as each batch is done."""
     out: dict[int, Figures] = {}
+    if not todo:  # every figure kept: the list needs no pandas
+        return out
+    # local: pandas (0.6 s), which a list whose figures are all kept never needs
+    from stepscope.analyzers.steps.step_stats import summarize_steps
+
     for batch in _batches(todo):
         steps_of = store.steps_of([s.run_id for s in batch])
         done: list[KeptSummary] = []

@@ -7,11 +7,15 @@ confidence, evidence, fixes), with the class names every program shares
 
 from __future__ import annotations
 
-from stepscope.analyzers.rules.diagnosis import Diagnosis
+from typing import TYPE_CHECKING
+
 from stepscope.app.cli import term
 from stepscope.app.cli.term import esc
 from stepscope.app.formats import fmt_pct
 from stepscope.types import BottleneckClass, Finding, phase_label
+
+if TYPE_CHECKING:  # the analyzers import pandas: `stepscope runs` prints findings without
+    from stepscope.analyzers.rules.diagnosis import Diagnosis
 
 CLASS_STYLE = {
     BottleneckClass.IO: "cyan",

@@ -29,9 +29,6 @@ from stepscope.app.cli.verbs import (
     runs,
     trust,
 )
-from stepscope.store import RunNotFound, StoreError, default_home, resolve_store_url
-from stepscope.store.artifacts import ARTIFACTS_ENV, ArtifactError, artifact_location
-from stepscope.store.url import ENV_VAR as STORE_ENV
 
 # in the order `stepscope --help` lists them
 VERBS = (
@@ -85,6 +82,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.home:
         os.environ["STEPSCOPE_HOME"] = args.home
+    # local: `stepscope --help` (which exits in parse_args) never needs the store; a
+    # verb that reads it imports it anyway
+    from stepscope.store import RunNotFound, StoreError, default_home, resolve_store_url
+    from stepscope.store.url import ENV_VAR as STORE_ENV  # local: same
+
     if args.store is not None:
         try:  # checked here, where a bad URL can still be said in one line
             resolve_store_url(default_home(), args.store)
@@ -93,6 +95,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         os.environ[STORE_ENV] = args.store  # the job and the dashboard inherit it
     if args.artifacts is not None:
+        # local: uploads' module (shutil, bz2), for the verbs given --artifacts only
+        from stepscope.store.artifacts import ARTIFACTS_ENV, ArtifactError, artifact_location
+
         try:  # checked here, where a bad URL can still be said in one line
             artifact_location(args.artifacts)
         except ArtifactError as exc:

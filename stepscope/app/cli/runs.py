@@ -19,8 +19,6 @@ from stepscope.app.cli.exit_codes import EXIT_REFUSED
 from stepscope.app.cli.findings_output import finding_text
 from stepscope.app.cli.term import esc, print_json, status_text
 from stepscope.app.formats import fmt_s, fmt_time, missing
-from stepscope.app.ownership import refusal
-from stepscope.collectors.capture.control import request_capture
 from stepscope.store import RunStore
 
 #: the table's rows when no --limit is given: the newest runs
@@ -31,7 +29,8 @@ SAY_COMPUTING_FROM = 100
 
 
 def run_row(run: dict[str, Any], figures: dict[str, Any]) -> dict[str, Any]:
-    """The fields `runs` lists for one run (a row of ``store.run_list()``, and its figures)."""
+    """The fields `runs` lists for one run (a row of ``store.run_rows()`` or of
+    ``store.run_list()``, and its figures)."""
     run = {k: None if missing(v) else v for k, v in run.items()}  # pandas NaN -> None
     return {
         "id": int(run["id"]),
@@ -70,9 +69,13 @@ def cmd_runs(as_json: bool, limit: int | None = None, every: bool = False) -> in
     if limit is None and not (as_json or every):
         limit = TABLE_ROWS
     with RunStore() as store:
-        listed = store.run_list()
-        runs = listed if every or limit is None else listed.head(limit)
-        top = store.top_findings()
+        if every or limit is None:
+            runs = store.run_rows()
+            total = len(runs)
+        else:  # a table's newest rows, and the count it says they are of
+            runs = store.run_rows(limit=limit)
+            total = store.run_count()
+        top = store.top_findings([int(run["id"]) for run in runs])
         figures, todo = kept_figures(store, run_states(runs))
         ended = sum(state.ended for state in todo)
         if ended >= SAY_COMPUTING_FROM:
@@ -83,7 +86,7 @@ def cmd_runs(as_json: bool, limit: int | None = None, every: bool = False) -> in
             )
         figures.update(compute_figures(store, todo))
         rows = []
-        for rec in runs.to_dict("records"):
+        for rec in runs:
             row = run_row(rec, figures[int(rec["id"])])
             finding = top.get(int(rec["id"]))
             row["top_finding"] = (
@@ -132,16 +135,20 @@ def cmd_runs(as_json: bool, limit: int | None = None, every: bool = False) -> in
             *((finding_text(finding),) if with_findings else ()),
         )
     term.console().print(table)
-    if len(rows) < len(listed):
+    if len(rows) < total:
         term.say(
             term.console(),
-            f"the newest {len(rows):,} of {len(listed):,} runs: --all lists every one,"
+            f"the newest {len(rows):,} of {total:,} runs: --all lists every one,"
             " --limit N the newest N",
         )
     return 0
 
 
 def cmd_capture(ref: str, steps: int) -> int:
+    # local: what `capture` needs of a running job, which `runs` never does
+    from stepscope.app.ownership import refusal
+    from stepscope.collectors.capture.control import request_capture  # local: same
+
     with RunStore() as store:
         run_id = store.resolve_run(ref)
         run = store.run(run_id)

@@ -15,7 +15,7 @@ import sys
 from stepscope.app.cli import term
 from stepscope.app.cli.exit_codes import EXIT_UNKNOWN_RUN
 from stepscope.app.cli.term import esc, print_json, say
-from stepscope.app.formats import fmt_time, missing
+from stepscope.app.formats import fmt_time
 from stepscope.store import RunNotFound, RunStore, StoreError
 from stepscope.store.tags import TagError
 
@@ -62,10 +62,7 @@ def cmd_tag(
 
 
 def _list(store: RunStore, as_json: bool) -> int:
-    tags = store.tags()
-    rows = [
-        {k: None if missing(v) else v for k, v in rec.items()} for rec in tags.to_dict("records")
-    ]
+    rows = store.tag_rows()
     if as_json:
         print_json(rows)
         return 0

@@ -8,9 +8,10 @@ plain one (``dashboard.access_refusal`` judges them before Streamlit starts).
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from stepscope.app.cli.dashboard import Access, cmd_dashboard
+if TYPE_CHECKING:
+    from stepscope.app.cli.dashboard import Access
 
 
 def register(sub: Any) -> None:
@@ -27,6 +28,8 @@ def register(sub: Any) -> None:
 
 
 def run_dashboard(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from stepscope.app.cli.dashboard import cmd_dashboard  # local: see verbs/__init__.py
+
     return cmd_dashboard(access_of(args), args.port, store=args.dashboard_store)
 
 
@@ -59,6 +62,8 @@ def add_access_options(parser: argparse.ArgumentParser) -> None:
 
 
 def access_of(args: argparse.Namespace) -> Access:
+    from stepscope.app.cli.dashboard import Access  # local: see verbs/__init__.py
+
     return Access(
         host=args.host,
         allow_remote=args.allow_remote,

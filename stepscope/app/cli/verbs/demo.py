@@ -6,7 +6,6 @@ import argparse
 import sys
 from typing import Any
 
-from stepscope.app.cli.dashboard import access_refusal
 from stepscope.app.cli.verbs.dashboard import access_of, add_access_options
 
 
@@ -28,7 +27,8 @@ def register(sub: Any) -> None:
 
 
 def run_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from stepscope.app.cli.demo import cmd_demo  # local: see verbs/__init__.py
+    from stepscope.app.cli.dashboard import access_refusal  # local: see verbs/__init__.py
+    from stepscope.app.cli.demo import cmd_demo  # local: same
 
     access = access_of(args)
     refused = None if args.no_dashboard else access_refusal(access)
