@@ -26,8 +26,9 @@ The predicted saving, in bytes, is measured in the job before the blocks are wra
 RNG state restored after it and a saved-tensors hook that counts, per block, the bytes
 autograd would keep for the backward and keeps none of them (so the probe holds no
 more than two blocks' activations). A storage is counted once even where two blocks
-save it (a block's output, saved by its last ReLU and by the next block's first conv). Checkpointing frees the blocks' saved bytes, less one
-block's (recomputed in the backward) and less each block's input (kept by the wrapper).
+save it (a block's output, saved by its last ReLU and by the next block's first conv).
+Checkpointing frees the blocks' saved bytes, less one block's (recomputed in the
+backward) and less each block's input (kept by the wrapper).
 A model the probe cannot call (keyword inputs, a forward that refuses a second call)
 gets the fraction ``(n - 1) / n`` from the block count instead, and says so. It is a
 prediction: the experiment measures the peak (``peak_ratio``).
