@@ -400,6 +400,9 @@ def _rendered(result: dict) -> str:
         (["--budget", "-5"], "--budget must be more than 0 minutes (got -5)"),
         (["--full", "--budget", "10"], "--full runs every trial: it takes no --budget"),
         (["--sweep", "batch", "--full"], "--budget and --full are for experiments with fixes"),
+        # two steps leave one timed after the warm-up: every trial failed "too few steps"
+        (["--steps", "2"], "an experiment needs at least 3 steps per trial (the first is warm-up"),
+        (["--trials", "0"], "an experiment needs at least 3 steps per trial"),
     ],
 )
 def test_refused_budgets_are_one_line_and_start_nothing(

@@ -31,6 +31,7 @@ from stepscope.optim_runner.verdict.memory_goal import (
 
 DEFAULT_STEPS = 30
 DEFAULT_TRIALS = 3
+MIN_STEPS = 3  # the warm-up (``step_stats.default_warmup``: 1 of 3) and two timed steps
 MIN_FORM_STEPS = 4  # the warm-up is left out of every trial: fewer leave nothing to time
 
 
@@ -56,8 +57,13 @@ def parse_slowdown_arg(text: str) -> float:
 
 
 def check_size(steps: int, trials: int) -> None:
-    if steps < 2 or trials < 1:
-        raise ValueError("an experiment needs at least 2 steps and 1 trial per arm")
+    """Refused before anything runs: ``--steps 2`` left one timed step after the warm-up,
+    and every trial then failed with "too few steps recorded"."""
+    if steps < MIN_STEPS or trials < 1:
+        raise ValueError(
+            f"an experiment needs at least {MIN_STEPS} steps per trial (the first is "
+            "warm-up, left out; two are timed) and 1 trial per arm"
+        )
 
 
 @dataclass(frozen=True)

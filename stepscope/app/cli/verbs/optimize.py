@@ -15,7 +15,7 @@ from typing import Any
 
 from stepscope.app.cli.sizes import parse_size
 from stepscope.optim_runner.experiment.adaptive import check_budget
-from stepscope.optim_runner.experiment.options import ExperimentOptions
+from stepscope.optim_runner.experiment.options import ExperimentOptions, check_size
 
 
 def register(sub: Any) -> None:
@@ -74,6 +74,7 @@ def optimize_refusal(args: argparse.Namespace) -> str | None:
         return "--max-slowdown is for --goal memory"
     try:
         check_budget(args.budget_min, args.full)
+        check_size(args.steps, args.trials)
     except ValueError as exc:
         return str(exc)
     return None
