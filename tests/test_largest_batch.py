@@ -171,7 +171,7 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any
     assert run["status"] == "completed", run.get("error")
     proc = stepscope(
         home, "optimize", str(run["id"]), "--sweep", "batch", "--batch-factors", "1,2,4,8",
-        "--steps", "4", "--trials", "1", "--json",
+        "--steps", "4", "--trials", "1", "--fixes", "activation_checkpointing", "--json",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = stepscope(home, "optimize", str(run["id"]), "--sweep", "batch", "--memory-limit", "x")
@@ -203,6 +203,44 @@ def test_the_sweep_finds_a_batch_that_runs_and_one_that_runs_out(sweep) -> None:
 
 
 @pytest.mark.slow
+def test_a_memory_fix_gets_its_own_curve_and_its_larger_batch(sweep, monkeypatch) -> None:
+    """``--fixes activation_checkpointing``: every batch size again with the blocks
+    checkpointed, in the same rounds; its peaks lie below the plain ones at each batch,
+    and its own search finds a larger batch that runs under the same limit."""
+    home, result, _ = sweep
+    (curve,) = result["curves"]
+    assert curve["fixes"] == ["activation_checkpointing"]
+    plain = {r["batch_size"]: r for r in result["rows"] if r["status"] == "completed"}
+    fixed = {r["batch_size"]: r for r in curve["rows"] if r["status"] == "completed"}
+    assert {2, 4, 8} <= set(fixed)  # the sweep's own batches all ran with the fix
+    for size in set(plain) & set(fixed):
+        assert fixed[size]["peak_bytes"] < plain[size]["peak_bytes"], size
+    with RunStore(home) as store:  # each of its trials had the blocks wrapped
+        for r in curve["rows"]:
+            for run_id in r["runs"]:
+                applied = store.run(run_id)["config"]["applied"]
+                assert any(
+                    e["fix"] == "activation_checkpointing" and e["applied"] for e in applied
+                ), applied
+    largest, base = curve["largest_batch"], result["largest_batch"]
+    assert largest["limit_bytes"] == LIMIT_BYTES
+    assert largest["batch_size"] > base["batch_size"], (largest, base)
+    assert fixed[largest["batch_size"]]["peak_bytes"] <= LIMIT_BYTES
+    from stepscope.app.largest_batch_text import curves_line
+
+    line = curves_line(result)
+    assert line.startswith(f"Largest batch: {base['batch_size']} (")  # its samples/s
+    assert " as it is; " in line
+    assert f"{largest['batch_size']} (" in line and line.endswith("with activation_checkpointing")
+    monkeypatch.setenv("STEPSCOPE_HOME", str(home))
+    at = page(experiment=str(result["experiment_id"]))
+    assert any(i.value.startswith("With activation_checkpointing: Largest") for i in at.info)
+    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    peaks = next(s for s in specs if s["data"][0].get("name") == "peak memory (GB)")
+    assert "with activation_checkpointing (GB)" in [t["name"] for t in peaks["data"]]
+
+
+@pytest.mark.slow
 def test_the_sweep_reads_the_same_in_the_terminal_and_refuses_a_bad_limit(sweep) -> None:
     home, result, refused = sweep
     assert "--memory-limit" in refused and "not a size" in refused
@@ -216,6 +254,8 @@ def test_the_sweep_reads_the_same_in_the_terminal_and_refuses_a_bad_limit(sweep)
     size = result["largest_batch"]["batch_size"]
     assert f"Largest batch that fits under 1.6 GB (the run's --memory-limit): {size}" in text
     assert "ran out of memory" in text and "peak memory" in text
+    assert "With activation_checkpointing: Largest batch that fits under 1.6 GB" in text
+    assert f"Largest batch: {size} (" in text and " as it is; " in text
 
 
 @pytest.mark.slow
@@ -277,3 +317,25 @@ def test_a_miss_below_a_batch_that_ran_bounds_nothing_and_is_said() -> None:
     out = answer(rows, basis, None)
     assert out["batch_size"] == 16 and out["smallest_out_of_memory"] is None
     assert "batch 8 ran out of memory although batch 16 ran" in out["note"]
+
+
+def test_only_fixes_that_free_memory_draw_a_curve() -> None:
+    from stepscope.optim_runner.sweeps.memory_curves import memory_curve_fixes, with_fixes
+    from stepscope.optim_runner.trials.trials import Arm
+
+    assert memory_curve_fixes(None) == []
+    assert memory_curve_fixes(["activation_checkpointing"] * 2) == ["activation_checkpointing"]
+    with pytest.raises(
+        ValueError, match="fused_optimizer frees no memory: .*activation_checkpointing"
+    ):
+        memory_curve_fixes(["fused_optimizer"])
+    with pytest.raises(ValueError, match="unknown fix 'nope'"):
+        memory_curve_fixes(["nope"])
+    plain = Arm("x1", "baseline", [])
+    curve = with_fixes(plain, ["activation_checkpointing"])
+    assert (curve.name, curve.kind, curve.fix_ids) == (
+        "x1 + activation_checkpointing",
+        "alone",
+        ["activation_checkpointing"],
+    )
+    assert with_fixes(plain, []) is plain

@@ -35,4 +35,25 @@ def largest_batch_lines(largest: dict[str, Any]) -> tuple[str, str | None]:
     )
 
 
-__all__ = ["largest_batch_lines"]
+def curves_line(result: dict[str, Any]) -> str:
+    """The batch each memory curve allows beside the job as it is, in one line:
+    "Largest batch: 26 as it is; 52 with activation_checkpointing (2.00x, 310 samples/s)"."""
+
+    def said(largest: dict[str, Any], base: int | None) -> str:
+        size = largest.get("batch_size")
+        if size is None or largest.get("limit_bytes") is None:
+            return "none found"
+        extra = [f"{size / base:.2f}x"] if base else []
+        if largest.get("samples_per_s"):
+            extra.append(f"{largest['samples_per_s']:.4g} samples/s")
+        return f"{size}" + (f" ({', '.join(extra)})" if extra else "")
+
+    plain = result.get("largest_batch") or {}
+    base = plain.get("batch_size") if plain.get("limit_bytes") is not None else None
+    parts = [f"{said(plain, None)} as it is"]
+    for curve in result.get("curves") or []:
+        parts.append(f"{said(curve['largest_batch'], base)} with {' + '.join(curve['fixes'])}")
+    return "Largest batch: " + "; ".join(parts)
+
+
+__all__ = ["curves_line", "largest_batch_lines"]

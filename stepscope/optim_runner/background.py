@@ -34,6 +34,7 @@ from stepscope.optim_runner.experiment.experiment import (
     process_started_at,
     run_experiment,
 )
+from stepscope.optim_runner.sweeps.memory_curves import memory_curve_fixes
 from stepscope.optim_runner.sweeps.sweep import SWEEP_KIND, check_sweepable, run_sweep
 from stepscope.optim_runner.sweeps.sweep_figures import FIX_ID
 from stepscope.optim_runner.trials import plan as planning
@@ -79,11 +80,14 @@ def start_sweep(
     trials: int = DEFAULT_TRIALS,
     timeout_s: float | None = None,
     memory_limit: int | None = None,
+    memory_fixes: list[str] | None = None,
 ) -> int:
     """Start a batch-size sweep in a background process; returns its experiment id at
     once (a run that cannot be swept fails here, as a ValueError in one line).
-    ``memory_limit``: bytes a training job's largest batch must fit in (``run_sweep``)."""
+    ``memory_limit``: bytes a training job's largest batch must fit in; ``memory_fixes``:
+    one more curve each (``run_sweep``)."""
     check_size(steps, trials)
+    memory_fixes = memory_curve_fixes(memory_fixes)
     with RunStore(home) as store:
         check_sweepable(store, baseline_run_id, memory_limit)
         config = {
@@ -95,6 +99,7 @@ def start_sweep(
             "trials": trials,
             "timeout_s": timeout_s,
             "memory_limit": memory_limit,
+            "memory_fixes": memory_fixes,
         }
         return _spawn(store, baseline_run_id, config)
 
@@ -190,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
                     timeout_s=cfg.get("timeout_s"),
                     experiment_id=args.experiment,
                     memory_limit=cfg.get("memory_limit"),
+                    fixes=cfg.get("memory_fixes") or None,  # checked again by run_sweep
                 )
             else:
                 try:

@@ -59,6 +59,7 @@ def cmd_optimize(
             options.timeout_s,
             as_json,
             memory_limit=memory_limit,
+            fixes=list(options.fixes) if options.fixes else None,  # one memory curve each
         )
     result, code = followed(
         run_ref,

@@ -15,7 +15,7 @@ from stepscope.app.cli import term
 from stepscope.app.cli.experiment_follow import followed
 from stepscope.app.cli.term import esc
 from stepscope.app.formats import fmt_pct, fmt_ratio, fmt_s
-from stepscope.app.largest_batch_text import largest_batch_lines
+from stepscope.app.largest_batch_text import curves_line, largest_batch_lines
 from stepscope.optim_runner.sweeps.sweep import parse_factors, run_sweep
 from stepscope.optim_runner.verdict.fits import size_text
 
@@ -30,6 +30,7 @@ def cmd_sweep(
     timeout: float | None,
     as_json: bool,
     memory_limit: int | None = None,
+    fixes: list[str] | None = None,
 ) -> int:
     try:
         chosen = parse_factors(factors) if factors else None  # None: the run's kind's default
@@ -49,6 +50,7 @@ def cmd_sweep(
             timeout,
             progress=progress,
             memory_limit=memory_limit,
+            fixes=fixes,
         ),
     )
     if result is None:
@@ -69,14 +71,37 @@ def render_sweep(result: dict[str, Any], console: Any) -> None:
         f"[bold]Batch-size sweep {result['experiment_id']}[/] on run {result['baseline_run']}: "
         f"{result['trials']} trials x {result['steps']} steps per batch size, interleaved"
     )
-    rows = result["rows"]
-    best = max((r.get("samples_per_s") or 0.0 for r in rows), default=0.0)
-    table = term.table(title="Per batch size", title_justify="left")
     training = result.get("largest_batch") is not None
+    knee = result.get("knee") or {}
+    console.print(_rows_table(result["rows"], "Per batch size", training, knee))
+    if knee:
+        console.print(f"[bold]Knee: batch {knee.get('batch_size')}[/] — {esc(knee['why'])}")
+    if training:
+        for line in largest_batch_lines(result["largest_batch"]):
+            if line:
+                console.print(esc(line))
+    for curve in result.get("curves") or []:
+        with_ = " + ".join(curve["fixes"])
+        console.print(_rows_table(curve["rows"], f"With {with_}", True, {}))
+        answer, _prediction = largest_batch_lines(curve["largest_batch"])
+        console.print(esc(f"With {with_}: {answer}"))
+    if result.get("curves"):
+        console.print(esc(curves_line(result)))
+    console.print(f"[dim]{esc(result.get('numerics') or '')}[/dim]")
+    warning = (result.get("contention") or {}).get("warning")
+    if warning:
+        console.print(f"[bold yellow]warning: {esc(warning)}[/]")
+
+
+def _rows_table(
+    rows: list[dict[str, Any]], title: str, training: bool, knee: dict[str, Any]
+) -> Any:
+    """One curve's table: a row per batch size (its speed, latency and peak)."""
+    best = max((r.get("samples_per_s") or 0.0 for r in rows), default=0.0)
+    table = term.table(title=title, title_justify="left")
     columns = ["factor", "batch", "samples/s", "95 % CI", "p50 / batch", "p99 / batch"]
     for col in [*columns, *(["peak memory"] if training else []), ""]:
         table.add_column(col)
-    knee = result.get("knee") or {}
     for r in rows:
         peak = [size_text(r.get("peak_bytes")) if r.get("peak_bytes") else "-"] if training else []
         if r.get("status") != "completed":
@@ -96,17 +121,7 @@ def render_sweep(result: dict[str, Any], console: Any) -> None:
             *peak,
             bar + mark,
         )
-    console.print(table)
-    if knee:
-        console.print(f"[bold]Knee: batch {knee.get('batch_size')}[/] — {esc(knee['why'])}")
-    if training:
-        for line in largest_batch_lines(result["largest_batch"]):
-            if line:
-                console.print(esc(line))
-    console.print(f"[dim]{esc(result.get('numerics') or '')}[/dim]")
-    warning = (result.get("contention") or {}).get("warning")
-    if warning:
-        console.print(f"[bold yellow]warning: {esc(warning)}[/]")
+    return table
 
 
 def render_generation_sweep(result: dict[str, Any], console: Any) -> None:

@@ -20,6 +20,10 @@ the knee a larger batch buys little throughput and mostly adds latency.
 * **The largest batch that fits** (training, ``largest_batch.py``): peak memory fitted
   against the batch, predicted under the memory limit (``--memory-limit``, the run's, or
   the GPU's) and confirmed by running it (``_TrainingSweep``).
+* **One curve per memory fix** (training, ``--fixes``: fixes that free memory, such as
+  ``activation_checkpointing``): every batch size runs again with the fix applied, in
+  the same interleaved rounds as the job as it is, and each curve gets its own largest
+  batch (``result["curves"]``): the batch each fix allows, measured, not predicted.
 * **Latency is the step's wall time** (``analyzers/steps/latency.py``): one batch, the data
   wait included; warm-up steps are left out of each trial (``timed_step_times``).
 * **Stored as an experiment** (``config.kind = "sweep"``, the result's ``rows``): the
@@ -50,6 +54,11 @@ from stepscope.optim_runner.sweeps.largest_batch import (
     next_size,
     predict,
     trial_peak,
+)
+from stepscope.optim_runner.sweeps.memory_curves import (
+    FIXES_FOR_TRAINING,
+    memory_curve_fixes,
+    with_fixes,
 )
 from stepscope.optim_runner.sweeps.sweep_figures import (
     FIX_ID,
@@ -127,6 +136,7 @@ def run_sweep(
     seed: int | None = 0,
     experiment_id: int | None = None,
     memory_limit: int | None = None,
+    fixes: list[str] | None = None,
 ) -> dict[str, Any]:
     """Run the sweep in the foreground; returns its result (also stored as the
     experiment's). ValueError: nothing to sweep; KeyboardInterrupt: stopped.
@@ -135,11 +145,14 @@ def run_sweep(
     batch sizes its requests are generated at (``generation_sweep.py``; ``steps`` is
     then the number of the job's requests recorded and replayed). ``memory_limit``
     (bytes, a CPU training job): the address space every trial runs under and its largest
-    batch must fit in, instead of the run's own ``--memory-limit``."""
+    batch must fit in, instead of the run's own ``--memory-limit``. ``fixes``: memory
+    fixes of a training sweep, one curve each (``memory_curve_fixes``)."""
     check_size(steps, trials)
     if is_generation(store.steps(baseline_run_id)):
         if memory_limit is not None:
             raise ValueError(LIMIT_FOR_TRAINING)
+        if fixes:
+            raise ValueError(FIXES_FOR_TRAINING)
         return run_generation_sweep(
             store,
             baseline_run_id,
@@ -154,6 +167,9 @@ def run_sweep(
     factors = sorted({int(f) for f in (factors or DEFAULT_FACTORS)} | {1})
     base = check_sweepable(store, baseline_run_id, memory_limit)
     training = not is_inference(store, baseline_run_id)
+    if fixes and not training:
+        raise ValueError(FIXES_FOR_TRAINING)
+    curve_fixes = memory_curve_fixes(fixes)
     flag = find_batch_flag(base["command"]) if training else None
     config = {
         "kind": SWEEP_KIND,
@@ -170,6 +186,7 @@ def run_sweep(
         "training": training,
         "batch_flag": flag.flag if flag else None,
         MEMORY_LIMIT_KEY: memory_limit,  # None: the run's own, if any (trials.launch_trial)
+        "memory_fixes": curve_fixes,  # one more curve each (training)
     }
     make = _TrainingSweep if training else _Sweep
     return run_recorded(
@@ -226,7 +243,8 @@ class _Sweep(TrialLoop):
 
     def run(self) -> dict[str, Any]:
         self._rounds("sweep")
-        rows = [self._row(f, a) for f, a in zip(self.factors, self.arms, strict=True)]
+        plain = self.arms[: len(self.factors)]  # the job as it is (memory curves follow)
+        rows = [self._row(f, a) for f, a in zip(self.factors, plain, strict=True)]
         return {
             "kind": SWEEP_KIND,
             "sweep": "batch",
@@ -286,23 +304,53 @@ class _Sweep(TrialLoop):
 
 class _TrainingSweep(_Sweep):
     """A training job's sweep: each row's peak memory, and after the rounds the largest
-    batch that fits, predicted from the peaks and confirmed by runs (``largest_batch``)."""
+    batch that fits, predicted from the peaks and confirmed by runs (``largest_batch``);
+    with memory fixes (``config["memory_fixes"]``), the same again for each fix: its
+    arms run in the same rounds, and its curve gets its own confirming runs."""
+
+    def __init__(
+        self,
+        store: Any,
+        experiment_id: int,
+        base: dict[str, Any],
+        config: dict[str, Any],
+        progress: Progress | None,
+    ) -> None:
+        super().__init__(store, experiment_id, base, config, progress)
+        self.curves: list[list[str]] = [[fix_id] for fix_id in config.get("memory_fixes") or []]
+        for extra in self.curves:
+            self.arms += [with_fixes(self._arm(f), extra) for f in self.factors]
+        self.total = len(self.arms) * config["trials"]
 
     def run(self) -> dict[str, Any]:
         result = super().run()
+        n = len(self.factors)
+        curve_arms = [self.arms[(i + 1) * n : (i + 2) * n] for i in range(len(self.curves))]
         basis = memory_basis(self.base, self.config.get(MEMORY_LIMIT_KEY))
-        rows = result["rows"]
-        for row, arm in zip(rows, self.arms, strict=True):
-            self._add_size_and_peak(row, arm, basis["key"])
-        first_fit = fit_peak(self._points(rows))
-        self._confirm(rows, first_fit, basis)
-        rows.sort(key=lambda r: (r.get("batch_size") or 0, r["factor"]))
-        result["largest_batch"] = answer(rows, basis, first_fit, fit_peak(self._points(rows)))
+        result["rows"], result["largest_batch"] = self._curve(
+            result["rows"], self.arms[:n], [], basis
+        )
+        result["curves"] = []
+        for extra, arms in zip(self.curves, curve_arms, strict=True):
+            rows = [self._row(f, a) for f, a in zip(self.factors, arms, strict=True)]
+            rows, largest = self._curve(rows, arms, extra, basis)
+            result["curves"].append({"fixes": extra, "rows": rows, "largest_batch": largest})
         result["numerics"] = (
             "a training job learns differently at another batch (scale the learning rate "
             "with it); the sweep only measures: nothing of the job is changed"
         )
         return result
+
+    def _curve(
+        self, rows: list[dict[str, Any]], arms: list[Arm], extra: list[str], basis: dict[str, Any]
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """One curve's rows with their peaks and confirming runs, and its largest batch."""
+        for row, arm in zip(rows, arms, strict=True):
+            self._add_size_and_peak(row, arm, basis["key"])
+        first_fit = fit_peak(self._points(rows))
+        self._confirm(rows, first_fit, basis, extra)
+        rows.sort(key=lambda r: (r.get("batch_size") or 0, r["factor"]))
+        return rows, answer(rows, basis, first_fit, fit_peak(self._points(rows)))
 
     def _add_size_and_peak(self, row: dict[str, Any], arm: Arm, key: str) -> None:
         if row.get("batch_size") is None:
@@ -320,7 +368,11 @@ class _TrainingSweep(_Sweep):
         ]
 
     def _confirm(
-        self, rows: list[dict[str, Any]], fit: dict[str, float] | None, basis: dict[str, Any]
+        self,
+        rows: list[dict[str, Any]],
+        fit: dict[str, float] | None,
+        basis: dict[str, Any],
+        extra: list[str],
     ) -> None:
         """Runs at the predicted largest batch (then halfway, where it runs out), each
         added to ``rows``: the answer is always a batch that ran."""
@@ -341,7 +393,7 @@ class _TrainingSweep(_Sweep):
             size = next_size(predict(fit, limit), max(fits), min(misses) if misses else None)
             if size is None or (self.flag is None and not base_size):
                 return
-            arm = self._size_arm(f"batch {size}", size)
+            arm = with_fixes(self._size_arm(f"batch {size}", size), extra)
             self.arms.append(arm)
             self.total += 1
             self._trial(arm, 0, "largest_batch")

@@ -130,11 +130,13 @@ def generation_curve(
 
 
 def peak_curve(
-    rows: Sequence[Mapping[str, Any]], largest: Mapping[str, Any] | None
+    rows: Sequence[Mapping[str, Any]],
+    largest: Mapping[str, Any] | None,
+    curves: Sequence[Mapping[str, Any]] | None = None,
 ) -> go.Figure | None:
     """A training sweep's peak memory per batch size (GB), the line fitted to it, the
-    limit, and the batch sizes that ran out of memory marked on the limit; None without
-    two measured peaks."""
+    limit, and the batch sizes that ran out of memory marked on the limit; each memory
+    fix's curve (``curves``) beside it; None without two measured peaks."""
     done = [r for r in rows if r.get("peak_bytes") and r.get("batch_size")]
     if len(done) < 2:
         return None
@@ -177,8 +179,24 @@ def peak_curve(
                 marker={"color": "#E45756", "symbol": "x", "size": 11},
                 hovertemplate="batch %{x}: ran out of memory<extra></extra>",
             )
+    for i, curve in enumerate(curves or []):
+        points = [r for r in curve.get("rows") or [] if r.get("peak_bytes") and r.get("batch_size")]
+        if not points:
+            continue
+        fig.add_scatter(
+            x=[int(r["batch_size"]) for r in points],
+            y=[float(r["peak_bytes"]) / 1e9 for r in points],
+            name=f"with {' + '.join(curve.get('fixes') or [])} (GB)",
+            mode="markers+lines",
+            marker={"color": CURVE_COLORS[i % len(CURVE_COLORS)], "size": 8, "symbol": "diamond"},
+            line={"color": CURVE_COLORS[i % len(CURVE_COLORS)], "width": 1},
+            hovertemplate="batch %{x}: peak %{y:.3g} GB<extra></extra>",
+        )
     fig.update_xaxes(title="batch size")
     return layout(fig, 320, yaxis={"title": "peak memory (GB)", "rangemode": "tozero"})
 
+
+#: a memory fix's curve, one colour each (the job as it is keeps SIDE_COLORS[0])
+CURVE_COLORS = ("#54A24B", "#B279A2", "#9D755D")
 
 __all__ = ["generation_curve", "peak_curve", "sweep_curve"]

@@ -117,7 +117,14 @@ def result_view(row: dict[str, Any]) -> None:
     fig = sweep_curve(rows, knee)
     if fig is not None:
         st.plotly_chart(fig, key="sweep_curve")
-    peaks = peak_curve(rows, result.get("largest_batch"))
+    for i, curve in enumerate(result.get("curves") or []):  # a memory fix's curve
+        with st.expander(f"With {' + '.join(curve['fixes'])}: per batch size"):
+            st.dataframe(
+                pd.DataFrame([_table_row(r, None) for r in curve["rows"]]),
+                hide_index=True,
+                key=f"sweep_curve_{i}",
+            )
+    peaks = peak_curve(rows, result.get("largest_batch"), result.get("curves"))
     if peaks is not None:  # a training sweep
         st.plotly_chart(peaks, key="sweep_peaks")
     st.caption(

@@ -14,17 +14,21 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
+from stepscope import fixes as catalog
 from stepscope.app.cli.sizes import parse_size
 from stepscope.app.dashboard import data
 from stepscope.app.dashboard.ui import no_links
 from stepscope.app.dashboard.views.optimize.sweep_button import sweep_button
-from stepscope.app.largest_batch_text import largest_batch_lines
+from stepscope.app.largest_batch_text import curves_line, largest_batch_lines
 from stepscope.collectors.launch.memory_limit import MEMORY_LIMIT_KEY
 from stepscope.optim_runner.sweeps.batch_flag import find_batch_flag
 from stepscope.optim_runner.sweeps.sweep import DEFAULT_FACTORS, parse_factors
+from stepscope.optim_runner.trials.plan import CAPACITY
 from stepscope.optim_runner.verdict.fits import size_text
 
 STEPS = 6  # a training step's peak is reached in its first steps: a few per trial suffice
+#: the fixes a curve can be drawn for: those that free memory
+MEMORY_FIXES = sorted(f.id for f in catalog.FIXES.values() if CAPACITY in f.addresses)
 
 
 def sweepable_training(run: dict[str, Any], steps: pd.DataFrame) -> str | None:
@@ -68,6 +72,12 @@ def start_form(
     )
     trials = c3.number_input("trials per batch size", 1, 20, value=1, key="fit_trials")
     n_steps = c4.number_input("steps per trial", 4, 100_000, value=STEPS, key="fit_steps")
+    curves = st.multiselect(
+        "also with each memory fix (a curve each)",
+        MEMORY_FIXES,
+        key="fit_curves",
+        help="every batch size runs again with the fix applied: the batch each fix allows",
+    )
     try:
         factors = parse_factors(text)
         limit = parse_size(limit_text) if limit_text.strip() else None
@@ -85,6 +95,7 @@ def start_form(
         steps=int(n_steps),
         trials=int(trials),
         memory_limit=limit,
+        memory_fixes=list(curves),
     )
 
 
@@ -100,10 +111,16 @@ def answer_view(result: dict[str, Any]) -> None:
     )
     if largest.get("batch_size") is None or largest.get("limit_bytes") is None:
         st.info(answer, icon=":material/info:")
-        return
-    st.success(answer, icon=":material/check_circle:")
-    if prediction:
-        st.caption(prediction)
+    else:
+        st.success(answer, icon=":material/check_circle:")
+        if prediction:
+            st.caption(prediction)
+    if result.get("curves"):
+        for curve in result["curves"]:
+            with_ = " + ".join(curve["fixes"])
+            line, _ = largest_batch_lines(curve["largest_batch"])
+            st.info(no_links(f"With {with_}: {line}"), icon=":material/memory:")
+        st.markdown(no_links(curves_line(result)))
 
 
 __all__ = ["answer_view", "start_form", "sweepable_training"]

@@ -24,6 +24,7 @@ def sweep_button(
     steps: int,
     trials: int,
     memory_limit: int | None = None,
+    memory_fixes: list[str] | None = None,
 ) -> None:
     """Disabled, with the reason on hover, where the run's command is not this user's or
     another experiment on it is running; on a click the sweep starts and the page shows it.
@@ -48,6 +49,7 @@ def sweep_button(
             steps=int(steps),
             trials=int(trials),
             memory_limit=memory_limit,
+            memory_fixes=memory_fixes,
         )
     except ValueError as exc:
         st.error(f"Not started: {data.one_line(exc)}", icon=":material/error:")
