@@ -18,7 +18,7 @@ import re
 import sqlite3
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -232,6 +232,12 @@ def _sqlite_frame(
         if isinstance(exc.__cause__, sqlite3.Error):
             raise exc.__cause__ from None
         raise
+
+
+def int_list(ids: Iterable[int]) -> str:
+    """``1,2,3`` for an ``IN (...)`` clause: each cast to int, so nothing but digits (a
+    list of ids has no one bound parameter on both backends)."""
+    return ",".join(str(int(i)) for i in ids)
 
 
 def split_statements(sql: str) -> list[str]:

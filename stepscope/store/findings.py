@@ -12,7 +12,7 @@ import time
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
-from stepscope.store.db import q
+from stepscope.store.db import int_list, q
 from stepscope.types import Finding
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ class FindingsTable:
         if run_ids is not None:
             if not run_ids:
                 return {}
-            sql += f" AND run_id IN ({','.join(str(int(i)) for i in run_ids)})"  # ints only
+            sql += f" AND run_id IN ({int_list(run_ids)})"
         rows = self._db.rows(sql)
         return {int(r["run_id"]): _finding(r) for r in rows}
 

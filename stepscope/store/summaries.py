@@ -22,6 +22,8 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from stepscope.store.db import int_list
+
 if TYPE_CHECKING:
     from stepscope.store.db import Db
 
@@ -67,7 +69,7 @@ class SummariesTable:
         if run_ids is not None:
             if not run_ids:
                 return {}
-            sql += f" WHERE run_id IN ({','.join(str(int(i)) for i in run_ids)})"  # ints only
+            sql += f" WHERE run_id IN ({int_list(run_ids)})"
         rows = self._db.rows(sql)
         out: dict[int, KeptSummary] = {}
         for r in rows:
