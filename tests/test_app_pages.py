@@ -204,7 +204,9 @@ def test_run_page_headline_and_trace_views(home: Path, recorded: dict) -> None:
     assert m["samples/s"] == fmt_num(s["samples_per_s"])
     assert m["data wait"] == fmt_pct(s["data_wait_share"])
     assert m["peak RSS"].endswith("MiB")
-    assert f"{s['steps']} steps recorded, {s['timed_steps']} timed" in texts(at)
+    assert f"{s['steps']} steps recorded; {s['timed_steps']} timed" in texts(at)
+    # a training job leads with its step time and samples/s (issue 39)
+    assert [x.label for x in at.metric][:2] == ["step time p50", "samples/s"]
 
     with RunStore(home) as store:
         arts = store.artifacts(run_id)
@@ -1086,6 +1088,10 @@ def test_attach_page_lists_processes_and_knows_stepscope_runs(
     assert os.getpid() not in rows and attachable["launcher"] not in rows  # stepscope's own
     options = at.selectbox(key="attach_pid").options
     assert {o.split(" · ")[0] for o in options} >= {str(plain), str(job)}
+    # offered first: the busiest process no run records (issue 39: the newest was)
+    chosen = int(at.selectbox(key="attach_pid").value)
+    free = {p: r for p, r in rows.items() if not r["stepscope"]}
+    assert chosen in free and free[chosen]["CPU %"] == max(r["CPU %"] for r in free.values())
 
     # a plain process: attach, with the duration shown on the button
     at.selectbox(key="attach_pid").set_value(plain).run()

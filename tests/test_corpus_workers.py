@@ -4,8 +4,9 @@ job starts itself with torch.multiprocessing, sharing one model, no distributed 
 Each training process is a worker of the run with its own series of steps (the store's
 ``steps.worker``): none of them overwrites another's rows, whatever starts them (spawn,
 the example's way; fork; a Pool under forkserver, ended by the pool's SIGTERM). The
-parent's own test pass after them is not a training step. One process takes the rank's
-default capture, and the verdict printed at exit rests on it.
+parent's own test pass after them is not a training step: an evaluation step, out of the
+training figures. One process takes the rank's default capture, and the verdict printed at
+exit rests on it.
 """
 
 from __future__ import annotations
@@ -79,6 +80,15 @@ def test_launcher_show_and_verdict_count_the_workers(hogwild: dict) -> None:
     assert summary["workers"] == 2
     assert sorted(summary["steps_per_worker"].values()) == sorted(hogwild["corpus"]["per_process"])
     assert "verdict:" in stderr
+    # the parent's test batch is evaluation: apart from the training figures, and the
+    # counts add up to the steps recorded (issue 39: 189 steps, "94 + 94")
+    parent = hogwild["steps"][hogwild["steps"]["worker"] == 0]
+    assert summary["evaluation_steps"] == len(parent)
+    assert summary["steps"] == sum(hogwild["corpus"]["per_process"]) + len(parent)
+    left = summary["left_out"]
+    assert summary["steps"] == (
+        len(parent) + left["warmup"] + left["profiled"] + summary["timed_steps"]
+    )
 
 
 @pytest.mark.parametrize("hogwild", ["spawn"], indirect=True)  # the example's own start
@@ -89,3 +99,16 @@ def test_one_process_takes_the_capture_and_the_verdict_rests_on_it(hogwild: dict
     profiled = hogwild["steps"].groupby("worker")["profiled"].sum()
     assert (profiled > 0).sum() == 1, profiled  # one worker's steps, not both
     assert hogwild["show"]["diagnosis"]["level"] == "trace", hogwild["show"]["diagnosis"]
+
+
+def test_the_step_chart_draws_each_worker_in_its_own_colour(hogwild: dict) -> None:
+    # issue 39: workers and ranks were drawn in one colour; the parent's test pass is
+    # named as evaluation, not a third series of "timed" steps
+    from stepscope.app.dashboard.charts.steps import step_time_chart
+
+    fig = step_time_chart(hogwild["steps"], 5, None)
+    timed = {t.name: t.marker.color for t in fig.data if t.name.endswith(" timed")}
+    assert len(timed) == 2 and len(set(timed.values())) == 2, timed
+    parent = hogwild["steps"]["worker"] == 0
+    named = [t.name for t in fig.data if t.name.startswith("evaluation")]
+    assert named == (["evaluation (another process)"] if parent.any() else []), named

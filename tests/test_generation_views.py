@@ -59,8 +59,11 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict:
         )
         did[name] = _did(proc.stdout)
     stepscope(home, "run", "--name", "infer", "--", sys.executable, "tests/jobs/infer.py")
+    # the decode loop again, one change made: a generation pair for Compare
+    loop_b = ("tests/jobs/decode_loop.py", "--samples", "4", "--new", "12")
+    stepscope(home, "run", "--name", "loop_b", "--", sys.executable, *loop_b)
     with RunStore(home) as store:
-        ids = {name: store.resolve_run(name) for name in (*JOBS, "infer")}
+        ids = {name: store.resolve_run(name) for name in (*JOBS, "infer", "loop_b")}
     return {"home": home, "ids": ids, "did": did}
 
 
@@ -207,6 +210,11 @@ def test_run_page_generation_section(home: Path, recorded: dict, name: str) -> N
     assert shown["TPOT p50"] == fmt_s(gen["tpot_s"]["p50"])
     assert shown["request p99"] == fmt_s(gen["request_s"]["p99"])
     assert "latency p50" not in shown  # the per-forward latency block: never here
+    # the page leads with the requests' figures, each once (issue 39: "peak RSS" first)
+    labels = [m.label for m in at.metric]
+    assert labels[:3] == ["requests", "tokens/s", "requests/s"], labels
+    for label in ("requests", "tokens/s", "requests/s", "TTFT p50", "TPOT p50", "request p99"):
+        assert labels.count(label) == 1, labels
     page = texts(at)
     assert f"{fmt_num(did['new_tokens'])} new tokens" in page
     assert f"{fmt_num(did['prompt_tokens'])} prompt tokens" in page
@@ -245,10 +253,41 @@ def test_run_page_generation_section(home: Path, recorded: dict, name: str) -> N
     assert not {"nan", "None", "NaN", "<NA>"} & set(cells)  # an unknown figure reads "—"
 
 
+def test_compare_of_two_generation_runs_gives_their_requests_figures(
+    home: Path, recorded: dict
+) -> None:
+    """tokens/s, TTFT, TPOT and request p50/p99 with intervals and the timed requests each
+    rests on; never "samples/s" read from requests (issue 39: "2.79 -> 1.07 samples/s")."""
+    a, b = recorded["ids"]["loop"], recorded["ids"]["loop_b"]
+    at = open_page("compare", a=str(a), b=str(b))
+    no_errors(at)
+    ga, gb = (generation_summary(*_stored(home, i)) for i in (a, b))
+    shown = {m.label: m.value for m in at.metric}
+    assert (
+        shown["tokens/s A → B"] == f"{fmt_num(ga['tokens_per_s'])} → {fmt_num(gb['tokens_per_s'])}"
+    )
+    assert shown["timed requests A / B"] == f"{ga['timed_requests']} / {gb['timed_requests']}"
+    assert "tokens/s B vs A" in shown
+    assert not {"samples/s A → B", "median step A", "speed-up B vs A"} & set(shown), shown
+    table = next(df.value for df in at.dataframe if "figure" in df.value.columns)
+    rows = table.set_index("figure")
+    assert list(rows.index) == ["tokens/s", "TTFT p50", "TPOT p50", "request p50", "request p99"]
+    assert rows.loc["TTFT p50", "A"] == fmt_s(ga["ttft_s"]["p50"])
+    assert rows.loc["request p99", "B"] == fmt_s(gb["request_s"]["p99"])
+    assert rows.loc["request p50", "timed requests (A / B)"] == (
+        f"{ga['timed_requests']} / {gb['timed_requests']}"
+    )
+    assert all(v.endswith("x") for v in rows["95 % interval"]), rows  # each has one
+
+
 def test_run_page_without_requests_has_no_generation_section(home: Path, recorded: dict) -> None:
     at = open_page("run", run=str(recorded["ids"]["infer"]))
     no_errors(at)
     assert "Generation" not in [h.value for h in at.subheader]
     shown = {m.label: m.value for m in at.metric}
     assert "TTFT p50" not in shown and "latency p50" in shown
+    # an inference job leads with its latency and requests/s, each said once
+    labels = [m.label for m in at.metric]
+    assert labels[:3] == ["latency p50", "latency p99", "requests/s"], labels
+    assert "step time p50" not in labels and labels.count("latency p50") == 1, labels
     assert _chart_with(at, "median inter-token latency") is None

@@ -244,9 +244,13 @@ def test_run_page_shows_latency_for_inference_only(home: Path, recorded: dict) -
     steps = _steps_of(home, run_id)
     lat = summarize_steps(steps)["latency"]
     m = _metrics(at)
-    for name in ("p50", "p90", "p95", "p99", "max"):
+    # the headline leads with p50, p99 and requests/s; the section gives every percentile
+    for name in ("p50", "p99"):
         assert m[f"latency {name}"] == fmt_s(lat[f"{name}_s"])
     assert m["requests/s"] == fmt_num(lat["requests_per_s"])
+    assert [x.label for x in at.metric][:3] == ["latency p50", "latency p99", "requests/s"]
+    said = " · ".join(f"{q} {fmt_s(lat[f'{q}_s'])}" for q in ("p50", "p90", "p95", "p99", "max"))
+    assert said in [c.value for c in at.caption], [c.value for c in at.caption]
     specs = _specs(at)
     hist = next(sp for sp in specs if sp["data"][0]["type"] == "histogram")
     assert [t["name"] for t in hist["data"]] == ["iteration", "model call"]

@@ -339,10 +339,16 @@ def test_figures_version_pins_how_the_figures_are_computed() -> None:
                  "backward_s": None, "optimizer_s": None}
             )  # fmt: skip
             t += took
+    # version 2: a process that only evaluated beside the training ones is left out
+    for s in range(3):
+        rows.append(
+            {**rows[-1], "rank": 2, "step": s, "start_s": 200.0 + s, "end_s": 200.05 + s,
+             "batch_size": 1000, "kind": "forward", "profiled": 0}
+        )  # fmt: skip
     steps = pd.DataFrame(rows)
     summary = summarize_steps(steps)
     assert (run_figures.FIGURES_VERSION, {k: summary[k] for k in LISTED}) == (
-        1,
+        2,
         {
             "step_time_median_s": 0.10999999999999943,
             "samples_per_s": 507.343946206508,

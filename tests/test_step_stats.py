@@ -235,3 +235,29 @@ def test_a_pause_beside_short_waits_over_the_fence_is_still_an_outlier() -> None
         s["data_wait_share"]
         > summarize_steps(frame([0.0004] * 24, compute_s=0.040))["data_wait_share"]
     )
+
+
+def test_a_parent_that_tests_the_model_is_not_a_training_worker() -> None:
+    # hogwild: two workers train (64 samples a step, 10 ms), then the parent tests the
+    # model in one forward of 1,000 samples (70 ms): 14,000 samples/s of its own, which
+    # made the run read 24,294 samples/s where the workers did about 9,000 (issue 39)
+    workers = [frame([0.001] * 20).assign(worker=w, batch_size=64) for w in (1, 2)]
+    parent = frame([0.0], compute_s=0.070).assign(worker=0, batch_size=1000, kind="forward", step=0)
+    parent[["start_s", "end_s"]] += 1.0  # after the workers joined
+    s = summarize_steps(pd.concat([*workers, parent], ignore_index=True))
+    alone = summarize_steps(pd.concat(workers, ignore_index=True))
+    assert s["steps"] == 41 and s["evaluation_steps"] == 1 and s["workers"] == 2
+    for figure in ("samples_per_s", "step_time_median_s", "step_time_max_s", "timed_steps"):
+        assert s[figure] == alone[figure], figure
+    assert s["samples_per_s"] == pytest.approx(2 * 64 / 0.011, rel=1e-6)
+    # every row counted once: evaluation, warm-up, profiled and timed add up
+    left = s["left_out"]
+    assert s["evaluation_steps"] + left["warmup"] + left["profiled"] + s["timed_steps"] == 41
+    assert left["warmup"] == 4  # two workers' 2 each: one process's is warmup_steps
+    assert s["warmup_steps"] == 2
+
+
+def test_an_inference_job_alone_keeps_its_forward_steps() -> None:
+    # forwards are evaluation only beside a process that trained
+    s = summarize_steps(frame([0.001] * 10).assign(kind="forward", worker=0))
+    assert s["evaluation_steps"] == 0 and s["timed_steps"] == 9

@@ -84,8 +84,10 @@ def fmt_pct(share: float | None, digits: int = 1, none: str = "—") -> str:
 
 
 def steps_recorded(summary: dict[str, Any]) -> str:
-    """ "189 steps, 2 training workers (94 + 94)": the step count with the processes it
-    came from (ranks, a hogwild job's workers), as the CLI and the Run page say it."""
+    """ "189 steps, 2 training workers (94 + 94), 1 evaluation step in another process":
+    the step count with the processes it came from (ranks, a hogwild job's workers, the
+    parent that tested the model), adding up to the count, as the CLI and the Run page
+    say it."""
     ranks = len(summary.get("ranks") or [])
     text = f"{summary['steps']} steps" + (f" over {ranks} ranks" if ranks > 1 else "")
     per_worker = summary.get("steps_per_worker") or {}
@@ -93,6 +95,10 @@ def steps_recorded(summary: dict[str, Any]) -> str:
         plural = "s" if len(per_worker) > 1 else ""
         counts = " + ".join(str(n) for n in per_worker.values())
         text += f", {len(per_worker)} training worker{plural} ({counts})"
+    evaluating = summary.get("evaluation_steps") or 0
+    if evaluating:
+        plural = "s" if evaluating > 1 else ""
+        text += f", {evaluating} evaluation step{plural} in another process"
     return text
 
 

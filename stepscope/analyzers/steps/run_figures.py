@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 LISTED = ("step_time_median_s", "samples_per_s", "data_wait_share")
 #: how the kept figures were computed: raise it when ``summarize_steps`` computes one of
 #: LISTED another way (or LISTED changes), and every kept row is computed again once
-FIGURES_VERSION = 1
+FIGURES_VERSION = 2  # 2: evaluation steps of another process left out
 #: steps read and summarised per batch, and runs: a bound on memory, and on the work an
 #: interrupted first listing loses (500 runs: about 10 s)
 BATCH_STEPS = 200_000

@@ -213,9 +213,13 @@ def _print_show(d: dict[str, Any]) -> None:
     st.add_column(style="bold")
     st.add_column(justify="right")
     st.add_row("steps", steps_recorded(d))
-    st.add_row("warm-up (excluded)", f"{d['warmup_steps']} steps, {fmt_s(d['warmup_time_s'])}")
-    if d["profiled_steps"]:
-        st.add_row("profiled (excluded)", str(d["profiled_steps"]))
+    left_out = d.get("left_out") or {}
+    warmup = left_out.get("warmup", d["warmup_steps"])
+    st.add_row("warm-up (excluded)", f"{warmup} steps, {fmt_s(d['warmup_time_s'])}")
+    profiled = left_out.get("profiled", d["profiled_steps"])
+    if profiled:
+        st.add_row("profiled (excluded)", str(profiled))
+    st.add_row("timed", f"{d['timed_steps']} steps")
     st.add_row("median step time", fmt_s(d["step_time_median_s"]))
     st.add_row("p95 step time", fmt_s(d["step_time_p95_s"]))
     if d["device_step_time_median_s"] is not None:

@@ -8,6 +8,12 @@ autotuning, lazy initialisation, ``torch.compile``). So the capture waits for th
 ``LAST_STEP`` at the latest, so a job whose steps never settle still gets one. A job that
 ends before ``FIRST_STEP`` gets none, and its run's log says so.
 
+Long steps (``LONG_STEP_S`` and more: an LBFGS step of twenty closures, a step of a long
+sequence) are captured one at a time: one whole step is what the diagnosis needs, and
+three steps of thousands of tiny operators each made a 38 MB trace whose export held the
+job for 100 s. ``profiler_capture`` also ends any window at its first step boundary past
+``WINDOW_BOUND_S``, and says so.
+
 The times are measured between boundaries (one step's end to the next's), which is what
 the step timer's step times are too, without asking the timer for them.
 """
@@ -23,6 +29,7 @@ LAST_STEP = 20  # the latest: settled or not
 WINDOW = 2  # the last step times that must agree (step 0, the warm-up, is left out)
 SETTLED = 0.25  # each within 25 % of their median
 GENERATION_STEPS = 1  # a generation job's steps are requests: one is thousands of forwards
+LONG_STEP_S = 1.0  # steps this long (their median) are captured one: a whole step is enough
 
 
 class AutoTrigger:
@@ -52,6 +59,16 @@ class AutoTrigger:
             f"automatic: the last {WINDOW} step times within {SETTLED:.0%} of their median"
         )
         return True
+
+    def steps(self, asked: int) -> int:
+        """How many steps the capture covers: ``asked``, or one when the steps are long."""
+        if self._times and statistics.median(self._times) >= LONG_STEP_S:
+            self.reason += (
+                f"; one step captured (steps of {statistics.median(self._times):.1f} s: "
+                "a whole step is enough)"
+            )
+            return 1
+        return asked
 
     def reset(self) -> None:
         """The steps seen so far were not the job's (evaluation before training)."""

@@ -63,6 +63,11 @@ MEMORY_HISTORY_ENTRIES = 100_000
 #: trace, 0.3 to 0.5 s). Past this many bytes of gzipped trace (~50 k events) it is
 #: skipped, and said; ``STEPSCOPE_MEMORY_TIMELINE=0`` turns it off.
 MEMORY_TIMELINE_MAX_TRACE_BYTES = 1 << 20
+# A default window still open after this long ends at the next step boundary (once it holds
+# a step): every step of a long window adds to the trace the job waits for while it is
+# written. ``STEPSCOPE_CAPTURE_BOUND_S`` sets another bound.
+WINDOW_BOUND_S = 10.0
+WINDOW_BOUND_ENV = "STEPSCOPE_CAPTURE_BOUND_S"
 MEMORY_TIMELINE_ENV = "STEPSCOPE_MEMORY_TIMELINE"
 MEMORY_TIMELINE_SUFFIX = ".memory_timeline.raw.json.gz"
 # Kineto's levels (libkineto ILoggerObserver.h, torch 2.13): VERBOSE 0, INFO 1, WARNING 2,
@@ -114,6 +119,8 @@ class CaptureController:
         self._memory_history = False
         self._said_cpu_memory = False
         self._stem = ""
+        self._started = 0.0  # perf_counter when the window opened
+        self._bounded = False  # the window is the default capture: WINDOW_BOUND_S holds
         self._claim = False  # this process holds its rank's scheduled capture
         try:
             self._location, self._location_error = artifact_location(), ""
@@ -132,10 +139,11 @@ class CaptureController:
             return False
         try:
             if self.active:
-                if next_step - self._first < self._steps:
+                done = next_step - self._first
+                if done < self._steps and not self._past_bound(done):
                     self._prof.step()
                     return False
-                self._finish(next_step - self._first)
+                self._finish(done)
                 return True
             if self.profile_at is not None and next_step >= self.profile_at:
                 self.profile_at = None  # fires once
@@ -144,11 +152,12 @@ class CaptureController:
                 self._start(next_step, self.profile_steps, "scheduled", None)
                 return True
             if self.auto is not None and self.auto.due(next_step):
-                reason, self.auto = self.auto.reason, None  # fires once
+                auto, self.auto = self.auto, None  # fires once
                 if not self._claimed():
                     return False
-                steps = GENERATION_STEPS if self.generation else self.profile_steps
-                self._start(next_step, steps, reason, None)
+                steps = GENERATION_STEPS if self.generation else auto.steps(self.profile_steps)
+                self._start(next_step, steps, auto.reason, None)
+                self._bounded = True
                 return True
             if self.poller is not None:
                 request = self.poller.poll()
@@ -255,12 +264,30 @@ class CaptureController:
             )
         self._prof = prof
         self.active = True
+        self._started, self._bounded = time.perf_counter(), False
         # freed once the profiler records memory: c10's one-per-1000 warning is ours
         sentinel = torch.empty(1)
         with _quiet_kineto():
             prof.__enter__()
         with _quiet_c10_warnings():
             del sentinel
+
+    def _past_bound(self, done: int) -> bool:
+        """Has the default window run past WINDOW_BOUND_S with a step in it? It then ends
+        here, with the steps it holds, and the run's log says so. A window the user asked
+        for (``--profile-at``, ``stepscope capture``) covers the steps asked."""
+        elapsed = time.perf_counter() - self._started
+        bound = _window_bound()
+        if not self._bounded or done < 1 or elapsed < bound:
+            return False
+        self._writer().log(
+            "info",
+            "capture",
+            f"capture ended after {done} of {self._steps} steps: the window had run "
+            f"{elapsed:.1f} s (bound {bound:g} s, {WINDOW_BOUND_ENV}; --profile-at takes "
+            "the steps asked)",
+        )
+        return True
 
     def _finish(self, steps_done: int) -> None:
         prof, self._prof = self._prof, None
@@ -432,3 +459,12 @@ def _c10_log_level() -> Any:
                     break
         _C10_LEVEL.append(value)
     return _C10_LEVEL[0]
+
+
+def _window_bound() -> float:
+    """WINDOW_BOUND_S, or the job's ``STEPSCOPE_CAPTURE_BOUND_S`` when it is a number > 0."""
+    try:
+        bound = float(os.environ.get(WINDOW_BOUND_ENV, ""))
+    except ValueError:
+        return WINDOW_BOUND_S
+    return bound if bound > 0 else WINDOW_BOUND_S

@@ -42,6 +42,17 @@ def _candidates(home: str, refresh: bool) -> tuple[list[dict[str, Any]], float]:
     return held["rows"], held["at"]
 
 
+def busiest(rows: list[dict[str, Any]]) -> int:
+    """The pid to offer first: the busiest by CPU (then GPU memory) of the processes no
+    stepscope run records, else of all; the newest among equals (the list's order)."""
+    free = [r for r in rows if r["run_id"] is None] or rows
+    best = max(
+        free,
+        key=lambda r: (float(r["cpu_percent"] or 0.0), float(r["gpu_mem_bytes"] or 0.0)),
+    )
+    return int(best["pid"])
+
+
 def _mib(value: Any) -> float | None:
     return None if value is None else float(value) / 2**20
 
@@ -222,7 +233,9 @@ def pick(home: str) -> None:
             st.session_state["attach_table_pid"] = row_pid
             st.session_state["attach_pid"] = row_pid
     if st.session_state.get("attach_pid") not in pids:
-        st.session_state.pop("attach_pid", None)  # gone since: fall back to the first
+        # first visit, or gone since: the busiest process not recorded yet, the one a
+        # slow job is (the list is newest first: the newest is often an editor's helper)
+        st.session_state["attach_pid"] = busiest(rows)
     by_pid = {int(r["pid"]): r for r in rows}
     pid = st.selectbox(
         "process",

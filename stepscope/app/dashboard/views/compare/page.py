@@ -10,6 +10,8 @@ beside it; two single figures of a noisy machine say little on their own, so a r
 interval contains 1 is reported as no measurable change.
 For two inference runs the p50 and p99 latency ratios (A/B, with their intervals) come
 beside throughput: a change can serve more requests per second and still lengthen the tail.
+Two generation runs are compared by their requests instead (``generation_pair``): tokens/s,
+TTFT, TPOT and request p50/p99, each with its interval and its timed requests.
 The breakdowns are compared on the same basis for both runs: the trace engine's
 categories when both have a trace, else the step timer's data wait / compute. Where the
 time went, operator by operator and phase by phase with intervals, is ``compare_ops``.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from stepscope.analyzers.steps.generation import is_generation
 from stepscope.analyzers.trace.breakdown import CATEGORIES
 from stepscope.app.applied import applied_changes, state
 from stepscope.app.dashboard import compare_pair, data, trace_data, ui
@@ -28,7 +31,7 @@ from stepscope.app.dashboard.charts.compare import (
     step_time_distributions,
 )
 from stepscope.app.dashboard.charts.system import system_timelines
-from stepscope.app.dashboard.views.compare import compare_ops, run_diff
+from stepscope.app.dashboard.views.compare import compare_ops, generation_pair, run_diff
 from stepscope.app.dashboard.views.run import trace_sections
 from stepscope.app.formats import fmt_num, fmt_s, speed_caption
 from stepscope.optim_runner.speedup.speed import LATENCY_RATIOS, compare_speed
@@ -132,64 +135,68 @@ label_a, label_b = f"A #{a} {names[a]}", f"B #{b} {names[b]}"
 ta, tb = timed_step_times(da.steps), timed_step_times(db.steps)
 st.subheader("Speed")
 speed = compare_speed(da.steps, db.steps)
-if speed.problem and verdict:
+generation = is_generation(da.steps) and is_generation(db.steps)
+with ui.errors_as_one_line():  # two generation runs: their requests' figures instead
+    generation = generation and generation_pair.show(home, a, b, markers, verdict)
+if speed.problem and verdict and not generation:
     st.info(f"No speed ratio: {speed.problem}.")
-cols = st.columns(5)
-cols[0].metric("median step A", fmt_s(da.summary["step_time_median_s"]))
-cols[1].metric("median step B", fmt_s(db.summary["step_time_median_s"]))
-if speed.headline is not None and verdict:
-    ui.ratio_metric(
-        cols[2],
-        "speed-up B vs A",
-        speed.headline,
-        help=(
-            "throughput: mean seconds per sample A/B (what an epoch's wall time follows)"
-            if speed.throughput is not None
-            else "median step time A/B (no batch sizes recorded for throughput)"
-        )
-        + "; > 1 means B is faster",
-    )
-if speed.throughput is not None and speed.step_time is not None and verdict:
-    ui.ratio_metric(
-        cols[3],
-        "median step-time ratio",
-        speed.step_time,
-        help="median step time A/B: the typical step; flatters fixes that make steps bimodal",
-    )
-sa, sb = da.summary["samples_per_s"], db.summary["samples_per_s"]
-cols[4].metric(
-    "samples/s A → B",
-    f"{fmt_num(sa)} → {fmt_num(sb)}",
-    help="throughput over the timed steps, all ranks",
-)
-if speed.headline is not None and verdict:
-    st.caption(speed_caption(speed))
-if speed.latency is not None and verdict:
-    lat_a, lat_b = da.summary["latency"] or {}, db.summary["latency"] or {}
-    lat_cols = st.columns(2 * len(LATENCY_RATIOS))
-    for i, name in enumerate(LATENCY_RATIOS):
-        key = f"{name}_s"
-        lat_cols[2 * i].metric(
-            f"latency {name} A → B",
-            f"{fmt_s(lat_a.get(key))} → {fmt_s(lat_b.get(key))}",
-            help="the whole iteration of each timed request or batch",
-        )
-        ci = speed.latency[name]
-        if ci is not None:
-            ui.ratio_metric(
-                lat_cols[2 * i + 1],
-                f"latency {name} ratio",
-                ci,
-                help=f"{name} latency A/B; > 1 means B's requests return sooner",
+if not generation:
+    cols = st.columns(5)
+    cols[0].metric("median step A", fmt_s(da.summary["step_time_median_s"]))
+    cols[1].metric("median step B", fmt_s(db.summary["step_time_median_s"]))
+    if speed.headline is not None and verdict:
+        ui.ratio_metric(
+            cols[2],
+            "speed-up B vs A",
+            speed.headline,
+            help=(
+                "throughput: mean seconds per sample A/B (what an epoch's wall time follows)"
+                if speed.throughput is not None
+                else "median step time A/B (no batch sizes recorded for throughput)"
             )
-    described = [f"{n}: {ci.describe()}" for n, ci in speed.latency.items() if ci is not None]
-    if described:
-        st.caption(
-            "Latency (inference runs: each step one request or batch): "
-            + "; ".join(described)
-            + ". Bootstrap over each run's timed steps; a tail percentile of a short run "
-            "rests on its few slowest steps."
+            + "; > 1 means B is faster",
         )
+    if speed.throughput is not None and speed.step_time is not None and verdict:
+        ui.ratio_metric(
+            cols[3],
+            "median step-time ratio",
+            speed.step_time,
+            help="median step time A/B: the typical step; flatters fixes that make steps bimodal",
+        )
+    sa, sb = da.summary["samples_per_s"], db.summary["samples_per_s"]
+    cols[4].metric(
+        "samples/s A → B",
+        f"{fmt_num(sa)} → {fmt_num(sb)}",
+        help="throughput over the timed steps, all ranks",
+    )
+    if speed.headline is not None and verdict:
+        st.caption(speed_caption(speed))
+    if speed.latency is not None and verdict:
+        lat_a, lat_b = da.summary["latency"] or {}, db.summary["latency"] or {}
+        lat_cols = st.columns(2 * len(LATENCY_RATIOS))
+        for i, name in enumerate(LATENCY_RATIOS):
+            key = f"{name}_s"
+            lat_cols[2 * i].metric(
+                f"latency {name} A → B",
+                f"{fmt_s(lat_a.get(key))} → {fmt_s(lat_b.get(key))}",
+                help="the whole iteration of each timed request or batch",
+            )
+            ci = speed.latency[name]
+            if ci is not None:
+                ui.ratio_metric(
+                    lat_cols[2 * i + 1],
+                    f"latency {name} ratio",
+                    ci,
+                    help=f"{name} latency A/B; > 1 means B's requests return sooner",
+                )
+        described = [f"{n}: {ci.describe()}" for n, ci in speed.latency.items() if ci is not None]
+        if described:
+            st.caption(
+                "Latency (inference runs: each step one request or batch): "
+                + "; ".join(described)
+                + ". Bootstrap over each run's timed steps; a tail percentile of a short run "
+                "rests on its few slowest steps."
+            )
 
 # -- breakdown before / after ------------------------------------------------------------------
 st.subheader("Where the step time goes")

@@ -1,9 +1,10 @@
 """The Run page's Generation section: a text-generation run's requests and tokens.
 
-A generation run's steps are its requests (``collectors/steps/generation.py``), so the step
-figures above it already count requests; this section adds what only requests have:
-time to first token, time per output token, tokens/s, the per-token latency against the
-position (the KV-cache picture) and the prefill / decode / other split. Every figure is
+A generation run's steps are its requests (``collectors/steps/generation.py``), and its
+answer is the requests' figures: the page leads with them (``headline``: tokens/s, TTFT,
+TPOT, requests, requests/s and request p99, once), and this section adds the rest of what
+only requests have: their distributions, the per-token latency against the position (the
+KV-cache picture) and the prefill / decode / other split. Every figure is
 ``analyzers/steps/generation.py``'s, the same ``stepscope show`` prints, read through a cache
 keyed like ``data.run_data`` (the run and its marker), and redrawn every couple of
 seconds while the job runs. Runs without requests get nothing at all.
@@ -88,11 +89,21 @@ def generation_section(home: str, run_id: int, live: bool) -> None:
     section()
 
 
+def headline(home: str, run_id: int, marker: tuple[Any, ...], live: bool) -> bool:
+    """The run's headline when it served requests: what a user of a generation job came
+    for, first on the page; False (nothing shown) for a run without requests."""
+    g = generation_data(home, run_id, marker)
+    if g is None:
+        return False
+    _metrics(g.summary)
+    st.caption(_counts_line(g.summary, live))
+    return True
+
+
 def _show(g: GenerationData, live: bool) -> None:
     s = g.summary
     st.subheader("Generation")
-    _metrics(s)
-    st.caption(_counts_line(s, live))
+    st.caption("The requests' figures lead the page; here, how they are distributed.")
     if s["failed"]:
         st.warning(
             f"{s['failed']} request(s) raised, counted but never timed; the first: "

@@ -17,6 +17,7 @@ import streamlit as st
 from stepscope.analyzers.steps.nodes import node_count, ranks_by_node
 from stepscope.app.dashboard import data
 from stepscope.app.dashboard.charts.system import system_timelines
+from stepscope.app.dashboard.tables import fmt_int, fmt_one_decimal, unknown_in_words
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
@@ -60,6 +61,9 @@ def nodes_section(
         "all step slower than the fastest, or that the others wait for in the collectives, "
         "is the one holding the job back."
     )
+    # in collectives: the whole time of the rank's collectives (the diagnosis's share);
+    # of it, waiting: the part spent for the slowest rank to arrive (0 when all arrive
+    # together, as two ranks of one host do): both said, so neither reads as the other
     shown = pd.DataFrame(
         {
             "node": [n if isinstance(n, str) else "?" for n in table["node"]],
@@ -69,19 +73,24 @@ def nodes_section(
             "steps": table["steps"],
             "median step (ms)": table["median_step_s"].astype(float) * 1e3,
             "vs fastest": table["vs_fastest"].astype(float),
-            "wait in collectives (ms/step)": table["wait_s"].astype(float) * 1e3,
+            "in collectives (ms/step)": table["comm_s"].astype(float) * 1e3,
+            "of it waiting for other ranks (ms/step)": table["wait_s"].astype(float) * 1e3,
         }
     )
+    ms = {c: fmt_one_decimal for c in shown.columns if c.endswith("(ms/step)")}
+    words = {"node rank": fmt_int, "pid": fmt_int, "median step (ms)": fmt_one_decimal, **ms}
     st.dataframe(
-        shown,
+        unknown_in_words(shown, words),
         hide_index=True,
         key="ranks_by_node",
         column_config={
             "median step (ms)": st.column_config.NumberColumn(format="%.2f"),
             "vs fastest": st.column_config.NumberColumn(format="%.2fx"),
-            "wait in collectives (ms/step)": st.column_config.NumberColumn(format="%.2f"),
+            **{c: st.column_config.NumberColumn(format="%.2f") for c in ms},
         },
     )
+    if table["comm_s"].isna().all():
+        st.caption("No collective times: they come from a profiler trace, and this run has none.")
 
 
 def system_figure(

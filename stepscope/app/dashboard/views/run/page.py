@@ -99,8 +99,10 @@ def live_headline() -> None:
         st.rerun(scope="app")  # finished: redraw everything once, then stop refreshing
     if attached and dd.steps.empty:
         stack_sections.attach_headline(dd, stack_data.stack_view(home, run_id, data.run_marker(h)))
-    else:
-        sec.headline(dd, report)
+        return
+    with ui.errors_as_one_line():  # a generation job leads with its requests' figures
+        generation_view.headline(home, run_id, data.run_marker(h), live)
+    sec.headline(dd, report)
 
 
 @st.fragment(run_every=data.LIVE_REFRESH_S if live else None)

@@ -27,32 +27,45 @@ from stepscope.app.dashboard.charts.steps import breakdown_bars, step_time_chart
 from stepscope.app.dashboard.views.run.hardware_sections import phase_section
 from stepscope.app.formats import fmt_bytes, fmt_num, fmt_pct, fmt_s, missing, steps_recorded
 
-
 # -- headline ------------------------------------------------------------------------
+LATENCY_HELP = "each step one request or batch: its whole iteration, timed steps only"
+
+
 def headline(d: data.RunData, report: TraceReport | None = None) -> None:
-    """The run's figures from the step timer over its timed steps; where a trace measured
-    the data wait too, both figures are said with what each covers (they often differ:
-    all timed steps against a few profiled ones)."""
+    """The run's figures from the step timer over its timed steps, led by what the kind of
+    job is judged by: a training job's step time and samples/s, an inference job's latency
+    p50/p99 and requests/s (a generation job's requests lead from ``generation_view``).
+    Where a trace measured the data wait too, both figures are said with what each covers
+    (they often differ: all timed steps against a few profiled ones)."""
     s = d.summary
     label, peak = data.peak_memory(d.samples)
     if is_generation(d.steps):
-        # a step is a generate() request: its figures are the Generation section's, from
-        # the requests' own timers; step figures beside them would be a second story
+        # a step is a generate() request: its figures are the requests' own (above)
         st.metric(label, fmt_bytes(peak, digits=3))
-        st.caption(
-            f"{left_out_line(s, report)}. Each step is one generate() request: latency, "
-            "tokens/s and requests/s are in the Generation section below."
-        )
+        st.caption(f"{left_out_line(s, report)}. Each step is one generate() request.")
         return
     cols = st.columns(6)
-    cols[0].metric(
-        "steps/s",
-        fmt_num(s["steps_per_s"]),
-        help="per process (rank or training worker), timed steps only",
-    )
-    cols[1].metric("samples/s", fmt_num(s["samples_per_s"]), help="all ranks and workers together")
-    cols[2].metric("step time p50", fmt_s(s["step_time_median_s"]))
-    cols[3].metric("step time p95", fmt_s(s["step_time_p95_s"]))
+    lat = s.get("latency")
+    if lat is not None:
+        cols[0].metric("latency p50", fmt_s(lat["p50_s"]), help=LATENCY_HELP)
+        cols[1].metric("latency p99", fmt_s(lat["p99_s"]), help=LATENCY_HELP)
+        cols[2].metric(
+            "requests/s", fmt_num(lat["requests_per_s"]), help="all ranks and workers together"
+        )
+        cols[3].metric(
+            "samples/s", fmt_num(lat["samples_per_s"]), help="all ranks and workers together"
+        )
+    else:
+        cols[0].metric("step time p50", fmt_s(s["step_time_median_s"]))
+        cols[1].metric(
+            "samples/s", fmt_num(s["samples_per_s"]), help="all ranks and workers together"
+        )
+        cols[2].metric(
+            "steps/s",
+            fmt_num(s["steps_per_s"]),
+            help="per process (rank or training worker), timed steps only",
+        )
+        cols[3].metric("step time p95", fmt_s(s["step_time_p95_s"]))
     cols[4].metric(
         "data wait",
         fmt_pct(s["data_wait_share"]),
@@ -67,16 +80,19 @@ def headline(d: data.RunData, report: TraceReport | None = None) -> None:
 
 
 def left_out_line(s: dict[str, Any], report: TraceReport | None) -> str:
-    """'40 steps recorded, 31 timed (4 warm-up and 5 profiled steps left out of the
-    figures: 3 in the trace, 2 after it while the profiler wrote it out)': the profiled
-    steps split as the trace has them, so the 3 steps of its charts add up."""
+    """'40 steps recorded; 31 timed (4 warm-up and 5 profiled steps left out of the
+    figures: 3 in the trace, 2 after it while the profiler wrote it out)': every row
+    counted once over all processes, so the counts add up to the steps recorded, and the
+    profiled steps split as the trace has them, so the 3 steps of its charts add up."""
+    counts = s.get("left_out") or {}
+    warmup = int(counts.get("warmup", s["warmup_steps"]) or 0)
+    profiled = int(counts.get("profiled", s["profiled_steps"]) or 0)
     left_out = []
-    if s["warmup_steps"]:
-        left_out.append(f"{s['warmup_steps']} warm-up")
-    profiled = int(s["profiled_steps"] or 0)
+    if warmup:
+        left_out.append(f"{warmup} warm-up")
     if profiled:
         left_out.append(f"{profiled} profiled")
-    text = f"{steps_recorded(s)} recorded, {s['timed_steps']} timed"
+    text = f"{steps_recorded(s)} recorded; {s['timed_steps']} timed"
     if not left_out:
         return text
     text += f" ({' and '.join(left_out)} steps left out of the figures"
@@ -183,14 +199,9 @@ def latency_section(d: data.RunData) -> None:
     if lat is None:
         return
     st.markdown("**Latency** · inference: each step is one request or batch")
-    cols = st.columns(7)
-    for col, key in zip(cols, ("p50", "p90", "p95", "p99", "max"), strict=False):
-        col.metric(f"latency {key}", fmt_s(lat[f"{key}_s"]))
-    cols[5].metric(
-        "requests/s", fmt_num(lat["requests_per_s"]), help="all ranks and workers together"
-    )
-    cols[6].metric(
-        "samples/s", fmt_num(lat["samples_per_s"]), help="all ranks and workers together"
+    st.caption(
+        f"p50 {fmt_s(lat['p50_s'])} · p90 {fmt_s(lat['p90_s'])} · p95 {fmt_s(lat['p95_s'])} · "
+        f"p99 {fmt_s(lat['p99_s'])} · max {fmt_s(lat['max_s'])}"
     )
     timed = timed_steps(d.steps)
     model = lat.get("model")
