@@ -1,4 +1,5 @@
-"""Counts read with their thousands grouped where settings are listed (issue 39)."""
+"""Figures read as words a user reads: counts with their thousands grouped where settings
+are listed, sizes without exponents (issue 39)."""
 
 from __future__ import annotations
 
@@ -15,3 +16,13 @@ def test_parameter_counts_have_thousands_separators() -> None:
     assert rows.loc["model › parameters", "B"] == "354,823,168"
     assert rows.loc["model › layers", "B"] == "24"  # small numbers as they are
     assert fmt_value(4) == "4" and fmt_value(True) == "yes" and fmt_value(0.5) == "0.5"
+
+
+def test_a_peak_just_under_a_gib_reads_in_mib_not_in_exponents() -> None:
+    # the Run page's tile read "1.01e+…" for a hogwild job's 1,012 MiB peak
+    from stepscope.app.formats import fmt_bytes
+
+    assert fmt_bytes(1012 * 2**20, digits=3) == "1012 MiB"
+    assert fmt_bytes(999.4 * 2**20, digits=3) == "999 MiB"
+    assert fmt_bytes(1.5 * 2**30, digits=3) == "1.5 GiB"
+    assert fmt_bytes(1012 * 2**20) == "1012.0 MiB"

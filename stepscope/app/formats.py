@@ -72,6 +72,8 @@ def fmt_bytes(x: float | None, digits: int | None = None) -> str:
         if abs(x) < 1024 or unit == "TiB":
             if unit == "B":
                 return f"{x:.0f} B"
+            if digits and abs(x) >= 10**digits:  # 1012 MiB: "1.01e+03" in .3g
+                return f"{x:.0f} {unit}"
             return f"{x:.{digits}g} {unit}" if digits else f"{x:.1f} {unit}"
         x /= 1024
     return "—"  # unreachable: TiB takes everything left

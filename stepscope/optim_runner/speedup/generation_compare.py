@@ -6,7 +6,8 @@ Compare page gives other runs would read requests/s as samples/s (2.79 -> 1.07 "
 from 2 timed requests, issue 39). Each figure here is ``generation_summary``'s own over
 the timed requests of each run, its ratio B against A oriented so that > 1 means B is
 better (more tokens/s, less time), with a bootstrap interval over the requests and the
-number of timed requests it rests on: a pair of 2 and 3 requests says little, and says so.
+number of timed requests it rests on: fewer than ``MIN_REQUESTS`` in a run give the two
+figures and their plain ratio, with no interval and no verdict, and say so.
 
 * **tokens/s** is new tokens over the timed requests' summed latency (a ratio of sums, as
   the Run page's figure is): requests are resampled whole (their tokens with their time).
@@ -27,7 +28,9 @@ from stepscope.optim_runner.speedup.stats import SpeedupCI, judged_ratio, speedu
 
 CONFIDENCE = 0.95
 RESAMPLES = 2000
-MIN_REQUESTS = 2  # an interval needs a spread: two timed requests a run at least
+# An interval, and so a verdict, from this many timed requests a run: a bootstrap over 2
+# requests called a 0.75x "slower" with an interval of 0.54-0.98x
+MIN_REQUESTS = 5
 
 # name, the requests' column, the statistic compared, what the figure is (help text)
 TIMES = (
@@ -40,7 +43,8 @@ TIMES = (
 
 @dataclass(frozen=True)
 class GenerationFigure:
-    """One figure of both runs and their ratio (None: too few requests, ``why``)."""
+    """One figure of both runs, their plain ratio (B better: > 1; None where a run has
+    none) and its interval (None: too few requests, ``why``)."""
 
     name: str
     what: str
@@ -51,6 +55,7 @@ class GenerationFigure:
     n_b: int
     ratio: SpeedupCI | None
     why: str = ""
+    plain: float | None = None
 
 
 def compare_generation(
@@ -72,7 +77,8 @@ def compare_generation(
         ratio, why = None, _too_few(va.size, vb.size)
         if not why:
             ratio = speedup_ci(va, vb, CONFIDENCE, RESAMPLES, statistic=statistic)
-        out.append(GenerationFigure(name, what, a, b, "s", va.size, vb.size, ratio, why))
+        plain = a / b if a and b else None  # a time: B better when shorter
+        out.append(GenerationFigure(name, what, a, b, "s", va.size, vb.size, ratio, why, plain))
     return out
 
 
@@ -91,7 +97,7 @@ def _statistic(values: np.ndarray, statistic: str) -> float | None:
 def _too_few(n_a: int, n_b: int) -> str:
     if min(n_a, n_b) >= MIN_REQUESTS:
         return ""
-    return f"no interval: {n_a} and {n_b} timed requests (at least {MIN_REQUESTS} each)"
+    return f"no interval: {n_a} and {n_b} timed requests ({MIN_REQUESTS} each at least)"
 
 
 def _tokens_per_s(ta: pd.DataFrame, tb: pd.DataFrame) -> GenerationFigure:
@@ -110,7 +116,8 @@ def _tokens_per_s(ta: pd.DataFrame, tb: pd.DataFrame) -> GenerationFigure:
     if not why and (not a or not b):
         why = "no interval: a run decoded no new token"
     ratio = None if why else _rate_ratio(sa, ka, sb, kb)
-    return GenerationFigure("tokens/s", what, a, b, "tokens/s", sa.size, sb.size, ratio, why)
+    plain = b / a if a and b else None
+    return GenerationFigure("tokens/s", what, a, b, "tokens/s", sa.size, sb.size, ratio, why, plain)
 
 
 def _rate_ratio(sa: np.ndarray, ka: np.ndarray, sb: np.ndarray, kb: np.ndarray) -> SpeedupCI:

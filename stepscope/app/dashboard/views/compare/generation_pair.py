@@ -36,6 +36,8 @@ def show(home: str, a: int, b: int, markers: tuple[tuple, tuple], verdict: bool)
         ui.ratio_metric(
             cols[1], "tokens/s B vs A", tokens.ratio, help="> 1 means B generates faster"
         )
+    elif verdict and tokens.plain is not None:  # too few requests for an interval
+        cols[1].metric("tokens/s B vs A", fmt_ratio(tokens.plain), help=tokens.why)
     cols[2].metric("timed requests A / B", f"{tokens.n_a} / {tokens.n_b}")
     st.dataframe(_table(figures, verdict), hide_index=True, key="generation_compare")
     st.caption(
@@ -54,7 +56,7 @@ def _table(figures: list[GenerationFigure], verdict: bool) -> pd.DataFrame:
         row = {"figure": f.name, "A": shown(f.a), "B": shown(f.b)}
         if verdict:
             ratio = f.ratio
-            row["B vs A"] = fmt_ratio(ratio.ratio) if ratio else "—"
+            row["B vs A"] = fmt_ratio(ratio.ratio if ratio else f.plain)
             row["95 % interval"] = fmt_ci((ratio.lo, ratio.hi)) if ratio else f.why
             row["verdict"] = ratio.verdict if ratio else "—"
         row["timed requests (A / B)"] = f"{f.n_a} / {f.n_b}"

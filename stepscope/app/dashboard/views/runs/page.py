@@ -71,6 +71,8 @@ def _finding_text(f: Finding | None) -> str:
 
 #: the figures' columns: one decimal, the unit in the header
 FIGURES = ("median step (ms)", "samples/s", "data wait (%)")
+#: thousands grouped where a figure runs to them (8,668 samples/s, not 8668.0)
+FIGURE_FORMATS = {"samples/s": "localized"}
 
 
 def _status(status: str, stop_reason: object) -> str:
@@ -143,11 +145,13 @@ def runs_view() -> None:
             "id": st.column_config.NumberColumn("id", format="%d", width="small"),
             "open": st.column_config.LinkColumn("open", display_text="open ›", width="small"),
             **{
-                c: st.column_config.NumberColumn(format="%.1f")
+                c: st.column_config.NumberColumn(format=FIGURE_FORMATS.get(c, "%.1f"))
                 for c in FIGURES
                 if pd.api.types.is_numeric_dtype(view[c])
             },
             "started": st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm:ss"),
+            # read whole, not cut at a column's default width (issue 39)
+            "top finding": st.column_config.TextColumn(width="large"),
             "command": st.column_config.TextColumn(width="large"),
         },
     )
