@@ -82,6 +82,7 @@ def served(home: Path, log_path: Path, *options: str) -> Iterator[str]:
         env=cli_env(home),
         stdout=log,
         stderr=subprocess.STDOUT,
+        start_new_session=True,  # its Streamlit child goes with it if it must be killed
     )
     url = f"http://127.0.0.1:{port}/"
     try:
@@ -93,10 +94,12 @@ def served(home: Path, log_path: Path, *options: str) -> Iterator[str]:
         try:
             code = proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            # not stopped by Ctrl-C: the whole group, or its Streamlit lives on (one such
+            # left a core busy for the rest of a session)
+            os.killpg(proc.pid, signal.SIGKILL)
             code = proc.wait()
         log.close()
         output = log_path.read_text(errors="replace")
-        assert code == 0, output
+        assert code == 0, f"exit code {code} 30 s after Ctrl-C:\n{output}"
         assert "stepscope: dashboard on " + url in output
         assert "Traceback" not in output, output

@@ -64,6 +64,8 @@ def test_capture_window_yields_trace_with_exactly_k_steps(tmp_path):
     assert df.loc[df["profiled"] == 1, "step"].tolist() == list(range(2, 5 + AFTER_CAPTURE_STEPS))
     messages = " ".join(jobs.events(tmp_path, run_id)["message"])
     assert "memory events" in messages
+    # compressed off the job's thread, and waited for at its end: nothing half-written
+    assert not list(Path(path).parent.glob("*.part")), list(Path(path).parent.iterdir())
 
 
 def test_capture_at_step_zero(tmp_path):

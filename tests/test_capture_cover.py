@@ -40,22 +40,24 @@ def test_the_run_page_says_the_capture_covered_no_step(
     assert "Host overhead: many tiny operators" not in texts(at)
 
 
-def test_long_steps_are_captured_one_whole_step_at_a_time(tmp_path: Path) -> None:
-    # steps of 1.2 s (8 samples of 0.15 s): the default capture covers one whole step,
-    # not three (an LBFGS job's three steps made a 38 MB trace that held it for 100 s)
-    home = tmp_path / "h"
+def _default_capture(home: Path, *args: str) -> tuple[dict, list[str]]:
+    """train.py under the default capture: its one trace's meta, and its log lines."""
     run_id, code = launch_run(
-        [sys.executable, str(JOBS / "train.py"), "--steps", "7", "--sleep", "0.15"],
-        home=home,
-        quiet=True,
-        profile_at="auto",
+        [sys.executable, str(JOBS / "train.py"), *args], home=home, quiet=True, profile_at="auto"
     )
     assert code == 0
     with RunStore(home) as store:
         arts = store.artifacts(run_id)
+        messages = store.events(run_id)["message"].tolist()
     traces = arts[arts["kind"] == "trace"]
     assert len(traces) == 1, arts
-    meta = traces["meta"].iloc[0]
+    return traces["meta"].iloc[0], messages
+
+
+def test_long_steps_are_captured_one_whole_step_at_a_time(tmp_path: Path) -> None:
+    # steps of 1.2 s (8 samples of 0.15 s): the default capture covers one whole step,
+    # not three (an LBFGS job's three steps made a 38 MB trace that held it for 100 s)
+    meta, _ = _default_capture(tmp_path / "h", "--steps", "7", "--sleep", "0.15")
     assert meta["steps"] == 1, meta
     assert "one step captured (steps of 1." in meta["reason"], meta
 
@@ -65,18 +67,6 @@ def test_the_default_window_ends_at_its_time_bound_and_says_so(
 ) -> None:
     # a bound of 0.3 s: the default window of 3 steps of 0.4 s ends after its first
     monkeypatch.setenv("STEPSCOPE_CAPTURE_BOUND_S", "0.3")
-    home = tmp_path / "h"
-    run_id, code = launch_run(
-        [sys.executable, str(JOBS / "train.py"), "--steps", "8", "--sleep", "0.05"],
-        home=home,
-        quiet=True,
-        profile_at="auto",
-    )
-    assert code == 0
-    with RunStore(home) as store:
-        arts = store.artifacts(run_id)
-        events = store.events(run_id)
-    meta = arts[arts["kind"] == "trace"]["meta"].iloc[0]
+    meta, messages = _default_capture(tmp_path / "h", "--steps", "8", "--sleep", "0.05")
     assert meta["steps"] == 1, meta
-    said = [m for m in events["message"] if m.startswith("capture ended after 1 of 3 steps")]
-    assert said, events["message"].tolist()
+    assert any(m.startswith("capture ended after 1 of 3 steps") for m in messages), messages

@@ -26,3 +26,18 @@ def test_a_peak_just_under_a_gib_reads_in_mib_not_in_exponents() -> None:
     assert fmt_bytes(999.4 * 2**20, digits=3) == "999 MiB"
     assert fmt_bytes(1.5 * 2**30, digits=3) == "1.5 GiB"
     assert fmt_bytes(1012 * 2**20) == "1012.0 MiB"
+
+
+def test_a_step_chart_of_long_steps_reads_in_seconds_not_thousands_of_ms() -> None:
+    # an LBFGS job's 58 s steps read "80k" on an axis in ms (issue 39)
+    import pandas as pd
+
+    from stepscope.app.dashboard.charts.steps import step_time_chart
+
+    steps = pd.DataFrame(
+        {"rank": 0, "worker": 0, "step": range(4), "kind": "optimizer", "profiled": 0,
+         "start_s": [58.0 * i for i in range(4)], "end_s": [58.0 * (i + 1) for i in range(4)]}
+    )  # fmt: skip
+    fig = step_time_chart(steps, 1, 58.0)
+    assert fig.layout.yaxis.title.text == "step time (s)"
+    assert max(max(t.y) for t in fig.data) == 58.0

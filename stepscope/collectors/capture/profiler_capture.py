@@ -43,6 +43,7 @@ from typing import Any
 
 from stepscope.collectors.capture.capture_auto import GENERATION_STEPS, AutoTrigger, not_taken
 from stepscope.collectors.capture.control import CapturePoller
+from stepscope.collectors.capture.trace_writer import TraceWriter, compress
 from stepscope.collectors.facts.workers import claim_capture
 from stepscope.errors import one_line_error
 from stepscope.store.artifacts import (
@@ -127,6 +128,7 @@ class CaptureController:
         except ArtifactError as exc:  # said in the run's log at the first capture
             self._location, self._location_error = Location(), str(exc)
         self._uploads = None if self._location.is_default else BackgroundUploads(self._location)
+        self._exports = TraceWriter()  # compression and rows, off the job's thread
 
     # -- called by the step timer between steps ---------------------------------------
     def on_boundary(self, next_step: int) -> bool:
@@ -192,6 +194,8 @@ class CaptureController:
                 self._finish(max(0, min(done, self._steps)))
             except Exception as exc:
                 self._fail(exc)
+        if not self._exports.wait():
+            self._warn("a trace was still being compressed at the job's end")
         if self._uploads is not None:
             self._uploads.wait()  # the job is ending: its traces' rows come first
 
@@ -309,14 +313,33 @@ class CaptureController:
         }
 
     def _export(self, prof: Any) -> None:
+        """kineto's results written here, on the job's thread (torch's own work); the
+        rest queued on the trace writer's thread (``trace_writer.py``)."""
         if self._discard:
             return
-        path = os.path.join(str(self.run_dir), f"{self._stem}.pt.trace.json.gz")
-        prof.export_chrome_trace(path)
-        self._record("trace", path)
-        self._export_memory_timeline(prof, path)
+        stem, meta = self._stem, self._meta()
+        final = os.path.join(str(self.run_dir), f"{stem}.pt.trace.json.gz")
+        raw = final.removesuffix(".gz") + ".part"  # never read as a trace while written
+        prof.export_chrome_trace(raw)
+        self._exports.submit(lambda: self._compress_and_record(prof, raw, final, stem, meta))
 
-    def _export_memory_timeline(self, prof: Any, trace_path: str) -> None:
+    def _compress_and_record(
+        self, prof: Any, raw: str, final: str, stem: str, meta: dict[str, Any]
+    ) -> None:
+        """On the trace writer's thread: gzip the trace (zlib lets the job's thread run),
+        its row, then the memory timeline. A failure is one line; the raw file stays."""
+        try:
+            compress(raw, final)
+        except Exception as exc:
+            self._warn(f"trace not compressed, kept as {raw}: {one_line_error(type(exc), exc)}")
+            return
+        with contextlib.suppress(Exception):
+            self._record("trace", final, meta=meta)
+        self._export_memory_timeline(prof, final, stem, meta)
+
+    def _export_memory_timeline(
+        self, prof: Any, trace_path: str, stem: str, meta: dict[str, Any]
+    ) -> None:
         """torch's categorised memory timeline of the window (parameters, activations,
         gradients...), beside the trace: what the analysis splits the peak by. It must
         never cost the job its trace or its run: any failure is one warning line."""
@@ -339,20 +362,21 @@ class CaptureController:
 
             cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
             device = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"
-            path = os.path.join(str(self.run_dir), f"{self._stem}{MEMORY_TIMELINE_SUFFIX}")
+            path = os.path.join(str(self.run_dir), f"{stem}{MEMORY_TIMELINE_SUFFIX}")
             started = time.perf_counter()
             with warnings.catch_warnings():  # its deprecation notice is not the job's
                 warnings.simplefilter("ignore")
                 prof.export_memory_timeline(path, device=device)
             spent = round(time.perf_counter() - started, 3)
-            self._record("memory_timeline", path, {"device": device, "export_s": spent})
+            extra = {"device": device, "export_s": spent}
+            self._record("memory_timeline", path, extra, meta=meta)
         except Exception as exc:
-            with contextlib.suppress(Exception):
-                self._writer().log(
-                    "warning",
-                    "capture",
-                    f"memory timeline not saved: {one_line_error(type(exc), exc)}",
-                )
+            self._warn(f"memory timeline not saved: {one_line_error(type(exc), exc)}")
+
+    def _warn(self, text: str) -> None:
+        """One warning line in the run's log; a log that cannot be written is no error."""
+        with contextlib.suppress(Exception):
+            self._writer().log("warning", "capture", text)
 
     def _dump_memory_snapshot(self) -> None:
         import torch  # local: see the note on torch
@@ -365,10 +389,17 @@ class CaptureController:
         finally:
             torch.cuda.memory._record_memory_history(enabled=None)
 
-    def _record(self, kind: str, path: str, extra: dict[str, Any] | None = None) -> None:
+    def _record(
+        self,
+        kind: str,
+        path: str,
+        extra: dict[str, Any] | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
         """The artifact's row: now with the local path, or once uploaded with its URI
-        (``local_path`` in its meta); a failed upload logs one line and keeps the local row."""
-        meta = {**self._meta(), **(extra or {})}
+        (``local_path`` in its meta); a failed upload logs one line and keeps the local row.
+        ``meta``: the window's, taken when it closed (the writer's thread records later)."""
+        meta = {**(meta or self._meta()), **(extra or {})}
         writer = self._writer()
         if self._uploads is None:
             writer.add_artifact(kind, path, meta)

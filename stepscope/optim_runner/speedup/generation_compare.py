@@ -24,7 +24,12 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analyzers.steps.generation import timed_requests
-from stepscope.optim_runner.speedup.stats import SpeedupCI, judged_ratio, speedup_ci
+from stepscope.optim_runner.speedup.stats import (
+    SpeedupCI,
+    bootstrap_interval,
+    judged_ratio,
+    speedup_ci,
+)
 
 CONFIDENCE = 0.95
 RESAMPLES = 2000
@@ -121,9 +126,8 @@ def _tokens_per_s(ta: pd.DataFrame, tb: pd.DataFrame) -> GenerationFigure:
 
 
 def _rate_ratio(sa: np.ndarray, ka: np.ndarray, sb: np.ndarray, kb: np.ndarray) -> SpeedupCI:
-    """tokens/s of B over A, requests resampled whole: scipy's bootstrap over index arrays
+    """tokens/s of B over A, requests resampled whole: a bootstrap over index arrays
     (a request's tokens go with its time)."""
-    from scipy import stats
 
     def rate_ratio(ia: np.ndarray, ib: np.ndarray, axis: int = -1) -> np.ndarray:
         ia, ib = ia.astype(int), ib.astype(int)
@@ -133,17 +137,7 @@ def _rate_ratio(sa: np.ndarray, ka: np.ndarray, sb: np.ndarray, kb: np.ndarray) 
 
     index_a, index_b = np.arange(sa.size, dtype=float), np.arange(sb.size, dtype=float)
     ratio = float(rate_ratio(index_a, index_b))
-    res = stats.bootstrap(
-        (index_a, index_b),
-        rate_ratio,
-        paired=False,
-        vectorized=True,
-        confidence_level=CONFIDENCE,
-        n_resamples=RESAMPLES,
-        method="percentile",
-        random_state=np.random.default_rng(0),
-    )
-    lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    lo, hi = bootstrap_interval((index_a, index_b), rate_ratio, CONFIDENCE, RESAMPLES)
     if not (np.isfinite(lo) and np.isfinite(hi)):  # no spread in either run
         lo = hi = ratio
     return judged_ratio(ratio, lo, hi, CONFIDENCE, sa.size, sb.size, "percentile")

@@ -67,9 +67,10 @@ def nodes_section(
     shown = pd.DataFrame(
         {
             "node": [n if isinstance(n, str) else "?" for n in table["node"]],
-            "node rank": table["node_rank"].astype("Int64"),
+            # floats with NaN for unknowns: turned to words ("—") where one is missing
+            "node rank": table["node_rank"].astype(float),
             "rank": table["rank"],
-            "pid": table["pid"].astype("Int64"),
+            "pid": table["pid"].astype(float),
             "steps": table["steps"],
             "median step (ms)": table["median_step_s"].astype(float) * 1e3,
             "vs fastest": table["vs_fastest"].astype(float),
@@ -84,6 +85,8 @@ def nodes_section(
         hide_index=True,
         key="ranks_by_node",
         column_config={
+            "node rank": st.column_config.NumberColumn(format="%d"),
+            "pid": st.column_config.NumberColumn(format="%d"),
             "median step (ms)": st.column_config.NumberColumn(format="%.2f"),
             "vs fastest": st.column_config.NumberColumn(format="%.2fx"),
             **{c: st.column_config.NumberColumn(format="%.2f") for c in ms},
