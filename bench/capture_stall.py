@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -39,8 +40,6 @@ def loop_time(repo: Path, home: Path, options: list[str]) -> float:
 
 
 def _env(repo: Path) -> dict[str, str]:
-    import os
-
     return {**os.environ, "PYTHONPATH": str(repo)}
 
 

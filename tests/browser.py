@@ -7,6 +7,7 @@ where a missing browser fails: CI installs both, so a skip there would hide a br
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -18,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
 import pytest
 from dashboard_helpers import REPO, cli_env
 
@@ -82,7 +84,6 @@ def served(home: Path, log_path: Path, *options: str) -> Iterator[str]:
         env=cli_env(home),
         stdout=log,
         stderr=subprocess.STDOUT,
-        start_new_session=True,  # its Streamlit child goes with it if it must be killed
     )
     url = f"http://127.0.0.1:{port}/"
     try:
@@ -94,9 +95,12 @@ def served(home: Path, log_path: Path, *options: str) -> Iterator[str]:
         try:
             code = proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            # not stopped by Ctrl-C: the whole group, or its Streamlit lives on (one such
+            # not stopped by Ctrl-C: its Streamlit child too, or it lives on (one such
             # left a core busy for the rest of a session)
-            os.killpg(proc.pid, signal.SIGKILL)
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    child.kill()
+            proc.kill()
             code = proc.wait()
         log.close()
         output = log_path.read_text(errors="replace")

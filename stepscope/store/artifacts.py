@@ -321,7 +321,7 @@ class BackgroundUploads:
         self._thread = threading.Thread(target=self._loop, name="stepscope-upload", daemon=True)
         try:
             self._thread.start()
-            _before_thread_pools_close(self._at_exit)
+            before_thread_pools_close(self._at_exit)
         except RuntimeError:  # the interpreter is exiting already
             self._ended = True
 
@@ -392,7 +392,7 @@ class BackgroundUploads:
                 self._lock.notify_all()
 
 
-def _before_thread_pools_close(hook: Callable[[], None]) -> None:
+def before_thread_pools_close(hook: Callable[[], None]) -> None:
     """Run ``hook`` when the main thread ends, before the thread pools shut down: s3fs's
     HTTP client needs one, and ``atexit`` handlers run only after they have shut down.
     threading's own exit hooks (where concurrent.futures shuts its pools) run last

@@ -23,6 +23,8 @@ import shutil
 import threading
 from collections.abc import Callable
 
+from stepscope.store.artifacts import before_thread_pools_close
+
 #: the longest the job's end waits for its queued exports (a trace of GBs compresses in
 #: minutes; a job is not held longer than this for it: the raw file stays, said)
 WAIT_S = 600.0
@@ -61,6 +63,9 @@ class TraceWriter:
             self._thread = threading.Thread(target=self._loop, name="stepscope-trace", daemon=True)
             try:
                 self._thread.start()
+                # when the main thread ends, before the uploads' own hook (hooks run last
+                # registered first): a trace compressed after it was never uploaded
+                before_thread_pools_close(self.wait)
             except RuntimeError:  # the interpreter is exiting: no new threads, do it here
                 self._thread = None
                 work()
