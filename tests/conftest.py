@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import os
 import re
+import signal
 import tempfile
 import types
 from collections.abc import Callable
@@ -17,6 +18,13 @@ from pathlib import Path
 
 import pytest
 from streamlit import config as st_config
+
+# A suite started in the background by a non-interactive shell (`bash .ci/run &`) inherits
+# SIGINT ignored, and so does every job and dashboard it starts: the tests that stop them
+# with Ctrl-C, as a user does, then wait for nothing (every Chromium test failed so, and a
+# job given SIGINT ran on). A handler, unlike "ignored", is not inherited across exec.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # The suite runs two workers on two cores, each starting real torch jobs beside the
 # other's: OpenMP threads that spin while they wait for a core (libgomp's default) burn
