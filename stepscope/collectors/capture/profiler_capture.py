@@ -280,9 +280,11 @@ class CaptureController:
         """Has the default window run past WINDOW_BOUND_S with a step in it? It then ends
         here, with the steps it holds, and the run's log says so. A window the user asked
         for (``--profile-at``, ``stepscope capture``) covers the steps asked."""
+        if not self._bounded or done < 1:  # a window asked for, or nothing in it yet
+            return False
         elapsed = time.perf_counter() - self._started
         bound = _window_bound()
-        if not self._bounded or done < 1 or elapsed < bound:
+        if elapsed < bound:
             return False
         self._writer().log(
             "info",
