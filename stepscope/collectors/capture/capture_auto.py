@@ -20,6 +20,7 @@ the step timer's step times are too, without asking the timer for them.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections import deque
@@ -29,6 +30,11 @@ LAST_STEP = 20  # the latest: settled or not
 WINDOW = 2  # the last step times that must agree (step 0, the warm-up, is left out)
 SETTLED = 0.25  # each within 25 % of their median
 GENERATION_STEPS = 1  # a generation job's steps are requests: one is thousands of forwards
+# A default window still open after this long ends at the next step boundary (once it holds
+# a step): every step of a long window adds to the trace the job waits for while it is
+# written. ``STEPSCOPE_CAPTURE_BOUND_S`` sets another bound.
+WINDOW_BOUND_S = 10.0
+WINDOW_BOUND_ENV = "STEPSCOPE_CAPTURE_BOUND_S"
 LONG_STEP_S = 1.0  # steps this long (their median) are captured one: a whole step is enough
 
 
@@ -83,3 +89,12 @@ def not_taken(steps: int) -> str:
         f"capture (from step {FIRST_STEP}, once step times settle); the diagnosis rests on "
         "steps and samples (--profile-at STEP takes one earlier)"
     )
+
+
+def window_bound() -> float:
+    """WINDOW_BOUND_S, or the job's ``STEPSCOPE_CAPTURE_BOUND_S`` when it is a number > 0."""
+    try:
+        bound = float(os.environ.get(WINDOW_BOUND_ENV, ""))
+    except ValueError:
+        return WINDOW_BOUND_S
+    return bound if bound > 0 else WINDOW_BOUND_S

@@ -38,11 +38,30 @@ import contextlib
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-from stepscope.collectors.capture.capture_auto import GENERATION_STEPS, AutoTrigger, not_taken
+from stepscope.collectors.capture.capture_auto import (
+    GENERATION_STEPS,
+    WINDOW_BOUND_ENV,
+    AutoTrigger,
+    not_taken,
+    window_bound,
+)
 from stepscope.collectors.capture.control import CapturePoller
+from stepscope.collectors.capture.memory_timeline import (
+    MEMORY_TIMELINE_SUFFIX,
+    memory_timeline_wanted,
+    save_memory_timeline,
+)
+from stepscope.collectors.capture.quiet_logs import (  # noqa: F401  # tests read them here
+    C10_ERROR,
+    KINETO_LOG_LEVEL_ENV,
+    KINETO_QUIET_LEVEL,
+    _c10_log_level,
+    _quiet_c10_warnings,
+    _quiet_kineto,
+)
 from stepscope.collectors.capture.trace_writer import TraceWriter, compress
 from stepscope.collectors.facts.workers import claim_capture
 from stepscope.errors import one_line_error
@@ -57,28 +76,6 @@ from stepscope.store.artifacts import (
 # is made from the bootstrap's torch import hook, and the module itself stays importable
 # without torch.
 MEMORY_HISTORY_ENTRIES = 100_000
-#: torch's categorised memory timeline (``export_memory_timeline``) rebuilds the whole
-#: event tree in Python: about 1 s per 10 k profiler events on an idle core (a 3-step
-#: capture of a small transformer trainer, 12 k events, 240 KB of gzipped trace: 1.2 s
-#: beside the trace's 0.12 s; 4.7 to 5.3 s on a loaded 2-core machine; an MLP's 55 KB
-#: trace, 0.3 to 0.5 s). Past this many bytes of gzipped trace (~50 k events) it is
-#: skipped, and said; ``STEPSCOPE_MEMORY_TIMELINE=0`` turns it off.
-MEMORY_TIMELINE_MAX_TRACE_BYTES = 1 << 20
-# A default window still open after this long ends at the next step boundary (once it holds
-# a step): every step of a long window adds to the trace the job waits for while it is
-# written. ``STEPSCOPE_CAPTURE_BOUND_S`` sets another bound.
-WINDOW_BOUND_S = 10.0
-WINDOW_BOUND_ENV = "STEPSCOPE_CAPTURE_BOUND_S"
-MEMORY_TIMELINE_ENV = "STEPSCOPE_MEMORY_TIMELINE"
-MEMORY_TIMELINE_SUFFIX = ".memory_timeline.raw.json.gz"
-# Kineto's levels (libkineto ILoggerObserver.h, torch 2.13): VERBOSE 0, INFO 1, WARNING 2,
-# STAGE 3, ERROR 4, USDT 5. A message prints when its level is >= the set one.
-KINETO_LOG_LEVEL_ENV = "KINETO_LOG_LEVEL"
-KINETO_QUIET_LEVEL = "6"
-# c10's logging (c10/util/Logging.cpp): FLAGS_caffe2_log_level, a message prints when its
-# severity is >= it; WARNING is 1 (the default), ERROR 2.
-C10_LOG_LEVEL_SYMBOL = "FLAGS_caffe2_log_level"
-C10_ERROR = 2
 
 
 class CaptureController:
@@ -283,7 +280,7 @@ class CaptureController:
         if not self._bounded or done < 1:  # a window asked for, or nothing in it yet
             return False
         elapsed = time.perf_counter() - self._started
-        bound = _window_bound()
+        bound = window_bound()
         if elapsed < bound:
             return False
         self._writer().log(
@@ -342,38 +339,21 @@ class CaptureController:
     def _export_memory_timeline(
         self, prof: Any, trace_path: str, stem: str, meta: dict[str, Any]
     ) -> None:
-        """torch's categorised memory timeline of the window (parameters, activations,
-        gradients...), beside the trace: what the analysis splits the peak by. It must
-        never cost the job its trace or its run: any failure is one warning line."""
-        if os.environ.get(MEMORY_TIMELINE_ENV, "").strip().lower() in ("0", "false", "no", "off"):
+        """torch's categorised memory timeline of the window, beside the trace
+        (``memory_timeline.py``): never at the cost of the trace or the run."""
+        if not memory_timeline_wanted():
             return
+        path = os.path.join(str(self.run_dir), f"{stem}{MEMORY_TIMELINE_SUFFIX}")
         try:
-            size = os.path.getsize(trace_path)
-            if size > MEMORY_TIMELINE_MAX_TRACE_BYTES:
-                self._writer().log(
-                    "info",
-                    "capture",
-                    f"memory timeline not saved: the trace is {size / 2**20:.1f} MiB, above "
-                    f"{MEMORY_TIMELINE_MAX_TRACE_BYTES / 2**20:.0f} MiB (its export would "
-                    "take too long)",
-                )
-                return
-            import warnings  # local: only here
-
-            import torch  # local: see the note on torch
-
-            cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-            device = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"
-            path = os.path.join(str(self.run_dir), f"{stem}{MEMORY_TIMELINE_SUFFIX}")
-            started = time.perf_counter()
-            with warnings.catch_warnings():  # its deprecation notice is not the job's
-                warnings.simplefilter("ignore")
-                prof.export_memory_timeline(path, device=device)
-            spent = round(time.perf_counter() - started, 3)
-            extra = {"device": device, "export_s": spent}
-            self._record("memory_timeline", path, extra, meta=meta)
+            saved = save_memory_timeline(prof, trace_path, path)
         except Exception as exc:
             self._warn(f"memory timeline not saved: {one_line_error(type(exc), exc)}")
+            return
+        if isinstance(saved, str):  # skipped, and why
+            with contextlib.suppress(Exception):
+                self._writer().log("info", "capture", saved)
+        else:
+            self._record("memory_timeline", path, saved, meta=meta)
 
     def _warn(self, text: str) -> None:
         """One warning line in the run's log; a log that cannot be written is no error."""
@@ -433,71 +413,3 @@ class CaptureController:
                 pass
         with contextlib.suppress(Exception):
             self._writer().log("warning", "capture", f"profiler capture disabled: {exc!r}")
-
-
-@contextlib.contextmanager
-def _quiet_kineto() -> Iterator[None]:
-    """Kineto's log level above all its levels while the profiler starts (module
-    docstring): the variable is read then, once per process; the user's own value wins,
-    and the job's environment is as it was afterwards."""
-    if KINETO_LOG_LEVEL_ENV in os.environ:
-        yield
-        return
-    os.environ[KINETO_LOG_LEVEL_ENV] = KINETO_QUIET_LEVEL
-    try:
-        yield
-    finally:
-        os.environ.pop(KINETO_LOG_LEVEL_ENV, None)
-
-
-@contextlib.contextmanager
-def _quiet_c10_warnings() -> Iterator[None]:
-    """c10's log level at ERROR around stepscope's own code only (module docstring).
-
-    Where torch's c10 library does not export its level (another build), nothing is
-    changed: the warning then prints, as it did without stepscope's capture.
-    """
-    level = _c10_log_level()
-    if level is None or level.value >= C10_ERROR:
-        yield
-        return
-    before = level.value
-    level.value = C10_ERROR
-    try:
-        yield
-    finally:
-        level.value = before
-
-
-_C10_LEVEL: list[Any] = []  # the ctypes view of c10's level, looked up once (or None)
-
-
-def _c10_log_level() -> Any:
-    """c10's ``FLAGS_caffe2_log_level`` as a ctypes int, from torch's own libc10; None
-    when this torch has no such library or symbol."""
-    if not _C10_LEVEL:
-        value = None
-        with contextlib.suppress(Exception):
-            import ctypes  # local: only to read c10's log level, once
-
-            import torch  # local: see the note on torch
-
-            lib_dir = os.path.join(os.path.dirname(torch.__file__), "lib")
-            for name in sorted(os.listdir(lib_dir)):
-                if name.startswith(("libc10.", "c10.")) and name.endswith(
-                    (".so", ".dylib", ".dll")
-                ):
-                    lib = ctypes.CDLL(os.path.join(lib_dir, name))
-                    value = ctypes.c_int.in_dll(lib, C10_LOG_LEVEL_SYMBOL)
-                    break
-        _C10_LEVEL.append(value)
-    return _C10_LEVEL[0]
-
-
-def _window_bound() -> float:
-    """WINDOW_BOUND_S, or the job's ``STEPSCOPE_CAPTURE_BOUND_S`` when it is a number > 0."""
-    try:
-        bound = float(os.environ.get(WINDOW_BOUND_ENV, ""))
-    except ValueError:
-        return WINDOW_BOUND_S
-    return bound if bound > 0 else WINDOW_BOUND_S
