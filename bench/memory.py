@@ -20,7 +20,7 @@ spent, the batch found by hand and its runs.
 **Checkpointing's saving.** The same trainer at batch 8, twelve blocks, the corpus's
 ResNet at a high resolution (examples/corpus/resnet_highres.py: 14 BasicBlocks in two
 ``nn.Sequential`` stages) and the Hugging Face Trainer fine-tune (hf_trainer.py, seq 512:
-checkpointed by the model's own switch, which has no probe and predicts nothing), each
+checkpointed by the model's own switch, predicted from its first block's probe), each
 without a limit, under both allocator settings:
 ``stepscope optimize --fixes activation_checkpointing --goal memory --trials 2``; the
 saving the fix predicted in the job (``predict_saving``: the blocks' saved bytes from a

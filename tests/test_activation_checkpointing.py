@@ -27,7 +27,8 @@ from stepscope.app.cli.main import build_parser
 from stepscope.app.cli.verbs.optimize import optimize_refusal
 from stepscope.collectors.launch.launcher import launch_run
 from stepscope.fixes import get
-from stepscope.fixes.catalog.activation_checkpointing import repeated_blocks, saved_by_blocks
+from stepscope.fixes.catalog.activation_checkpointing import repeated_blocks
+from stepscope.fixes.checkpoint_probe import saved_by_blocks
 from stepscope.fixes.points import ModelCall
 from stepscope.optim_runner.verdict.peak_memory import (
     memory_best,
@@ -80,8 +81,9 @@ def _kept_by_autograd(model: torch.nn.Module, blocks: list, x: torch.Tensor) -> 
     return sum(t.untyped_storage().nbytes() for t in kept.values())
 
 
-def _apply(model: torch.nn.Module, args: tuple = ()) -> list[tuple[str, Any]]:
-    """The fix's own hook, as the installer calls it at the model's first call."""
+def _call(model: torch.nn.Module, args: tuple = ()) -> ModelCall:
+    """The fix's own hook, as the installer calls it at the model's first call; what it
+    learns later in the job (a block's probe) is appended to the call's changes."""
     call = ModelCall(
         fix="activation_checkpointing",
         module=model,
@@ -91,7 +93,17 @@ def _apply(model: torch.nn.Module, args: tuple = ()) -> list[tuple[str, Any]]:
         torch=torch,
     )
     get("activation_checkpointing").on_model(call, {})
-    return [change for _, change in call.changes]
+    return call
+
+
+def _apply(model: torch.nn.Module, args: tuple = ()) -> list[Any]:
+    return [change for _, change in _call(model, args).changes]
+
+
+def _predicted_mib(text: str) -> float:
+    found = re.search(r"predicted saving ([\d.]+) MiB", text)
+    assert found is not None, text
+    return float(found.group(1))
 
 
 def _loss_and_grads(model: torch.nn.Module, idx: torch.Tensor) -> tuple[float, list]:
@@ -121,14 +133,67 @@ def test_repeated_blocks_are_wrapped_and_compute_the_same() -> None:
     assert saved is not None and float(saved.group(1)) > 0
     kinds = [type(b).__name__ for b in wrapped.blocks]
     assert kinds == ["CheckpointWrapper"] * 3
-    # without inputs the probe cannot run: the block count, said as such
-    (counted,) = _apply(job.GPT(128, 32, 3, 16))
-    assert counted.applied and "predicted from the block count: about 2/3" in counted.text
     loss_a, grads_a = _loss_and_grads(plain, idx)
     loss_b, grads_b = _loss_and_grads(wrapped, idx)
     assert loss_a == pytest.approx(loss_b, rel=1e-6)
     for a, b in zip(grads_a, grads_b, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+class KeywordsOnly(torch.nn.Module):
+    """A model called as the Hugging Face Trainer calls one: ``model(**batch)``."""
+
+    def __init__(self, gpt: torch.nn.Module) -> None:
+        super().__init__()
+        self.gpt = gpt
+
+    def forward(self, *, idx: torch.Tensor) -> torch.Tensor:
+        return self.gpt(idx)
+
+
+def test_a_model_called_with_keywords_is_probed_at_its_first_block() -> None:
+    """The installer sees no positional input (torch's global hooks get none of the
+    keywords): the first block's own call is probed, and its prediction is the one the
+    whole-model probe makes on the same inputs (the blocks are alike)."""
+    job = _job_module()
+    torch.manual_seed(0)
+    reference = job.GPT(128, 32, 4, 16)
+    idx = torch.randint(0, 128, (4, 17), generator=torch.Generator().manual_seed(1))
+    (whole,) = _apply(reference, (idx[:, :-1],))
+    model = KeywordsOnly(job.GPT(128, 32, 4, 16))
+    model.gpt.load_state_dict(reference.state_dict())
+    call = _call(model)
+    (change,) = [c for _, c in call.changes]
+    assert change.applied and "4 Block blocks of gpt.blocks" in change.text
+    assert "saving predicted at the first block's call" in change.text
+    logits = model(idx=idx[:, :-1])
+    (_, predicted) = [c for _, c in call.changes]
+    assert predicted.applied and "at the first block's call: gpt.blocks.0 saves" in predicted.text
+    assert _predicted_mib(predicted.text) == pytest.approx(_predicted_mib(whole.text), rel=0.02)
+    model(idx=idx[:, :-1])  # the probe ran once: the hook removed itself
+    assert len(call.changes) == 2
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 128), idx[:, 1:].reshape(-1))
+    loss.backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_a_probe_that_fails_says_so_and_the_forward_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from stepscope.fixes import checkpoint_probe
+
+    def refuse(*_args: Any) -> None:
+        raise RuntimeError("a block that cannot run twice")
+
+    monkeypatch.setattr(checkpoint_probe, "saved_by_one_block", refuse)
+    job = _job_module()
+    model = KeywordsOnly(job.GPT(128, 32, 3, 16))
+    call = _call(model)
+    idx = torch.randint(0, 128, (2, 16))
+    assert model(idx=idx).shape == (2, 16, 128)
+    (_, counted) = [c for _, c in call.changes]
+    assert "predicted from the block count: about 2/3 of their activations freed" in counted.text
+    assert "the probe of gpt.blocks.0 failed: RuntimeError" in counted.text
 
 
 def test_a_resnets_blocks_count_each_saved_storage_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -276,14 +341,41 @@ def test_a_job_without_repeated_blocks_says_not_applied(tmp_path: Path) -> None:
     )
 
 
-def test_a_hugging_face_model_gets_its_own_switch() -> None:
+def test_a_hugging_face_model_gets_its_own_switch_and_a_prediction() -> None:
+    """The Trainer calls ``model(**batch)``: the saving is predicted at the first
+    layer's call, equal to the whole-model probe's on positional inputs, and the probe
+    moves neither the loss nor the gradients (dropout's RNG is restored after it)."""
     transformers = pytest.importorskip("transformers")
-    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=16)
+    config = transformers.GPT2Config(
+        n_layer=4, n_embd=32, n_head=2, vocab_size=64, n_positions=64, bos_token_id=0,
+        eos_token_id=0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    plain = transformers.GPT2LMHeadModel(config).train()
+    blocks = repeated_blocks(plain, torch)
+    assert [n for n, _ in blocks] == [f"transformer.h.{i}" for i in range(4)]
+    ids = torch.randint(0, 64, (4, 64), generator=torch.Generator().manual_seed(1))
+    per_block, inputs = saved_by_blocks(plain, blocks, (ids,), torch)
+    whole = (sum(per_block) - max(per_block) - sum(inputs)) / 2**20
     model = transformers.GPT2LMHeadModel(config).train()
-    (change,) = _apply(model)
+    model.load_state_dict(plain.state_dict())
+    call = _call(model)
+    (change,) = [c for _, c in call.changes]
     assert change.applied and change.verified is True
-    assert "GPT2LMHeadModel.gradient_checkpointing_enable" in change.text
-    assert model.is_gradient_checkpointing
+    assert "GPT2LMHeadModel.activation_checkpointing_enable(use_reentrant=False)" in change.text
+    assert model.is_activation_checkpointing
+    losses = []
+    for m in (plain, model):
+        torch.manual_seed(2)
+        out = m(input_ids=ids, labels=ids)
+        out.loss.backward()
+        losses.append(float(out.loss.detach()))
+    (_, predicted) = [c for _, c in call.changes]
+    assert "transformer.h.0 saves" in predicted.text and "one of 4" in predicted.text
+    assert _predicted_mib(predicted.text) == pytest.approx(whole, rel=0.02, abs=0.05)
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+    for a, b in zip(plain.parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6)
 
 
 def test_the_optimize_page_shows_each_arms_peak_and_the_memory_answer(

@@ -365,6 +365,7 @@ class PlanApplier(GeneratePoint):
             device=next(module.parameters()).device,
             args=args,
             torch=torch,
+            report=self._change,
         )
         with global_module_hooks_off(torch):
             for fix, params in self._with("on_model"):

@@ -102,9 +102,20 @@ class ModelCall:
     autocast_dtype: Any = None
     autocast_ctx: Any = None  # entered for this first call; the installer exits it
     changes: list[tuple[str, Change]] = field(default_factory=list)
+    # the installer's recorder (fix id, change), for what a fix learns only later in
+    # the job (a probe at a block's first call); None: kept in ``changes``
+    report: Callable[[str, Change], None] | None = None
 
     def record(self, change: Change) -> None:
         self.changes.append((self.fix, change))
+
+    def record_later(self) -> Callable[[Change], None]:
+        """A recorder bound to the fix under way, for a change known after this call's
+        hooks return (by then ``changes`` has been written)."""
+        fix, report = self.fix, self.report
+        if report is None:
+            return lambda change: self.changes.append((fix, change))
+        return lambda change: report(fix, change)
 
 
 @dataclass

@@ -11,7 +11,8 @@ Blocks are found by class, not by name: the children of an ``nn.ModuleList`` or
 ``nn.Sequential`` of which two or more are instances of the same class (the outermost
 such container; nothing inside a chosen block is wrapped again). They are wrapped with
 torch's own ``apply_activation_checkpointing`` (non-reentrant ``checkpoint_wrapper``).
-A Hugging Face model that supports it gets its own ``gradient_checkpointing_enable``.
+A Hugging Face model that supports it gets its own switch (``activation_checkpointing_enable``;
+``gradient_checkpointing_enable`` before transformers 5).
 Applied at the model's first top-level call, before its first forward runs (the
 installer's ``on_model`` point); ``torch.compile`` compiles at the first forward too, so
 it traces the wrapped blocks. Numerics do not change: the recomputed forward is the same
@@ -21,26 +22,20 @@ its running statistics take two updates where they took one (pytorch/pytorch#961
 the loss and gradients are the same, the statistics used at evaluation move faster. The
 change says so where the blocks hold BatchNorm layers.
 
-The predicted saving, in bytes, is measured in the job before the blocks are wrapped
-(``predict_saving``): one forward of the model on the first call's inputs, with torch's
-RNG state restored after it and a saved-tensors hook that counts, per block, the bytes
-autograd would keep for the backward and keeps none of them (so the probe holds no
-more than two blocks' activations). A storage is counted once even where two blocks
-save it (a block's output, saved by its last ReLU and by the next block's first conv).
-Checkpointing frees the blocks' saved bytes, less one block's (recomputed in the
-backward) and less each block's input (kept by the wrapper).
-A model the probe cannot call (keyword inputs, a forward that refuses a second call)
-gets the fraction ``(n - 1) / n`` from the block count instead, and says so. It is a
-prediction: the experiment measures the peak (``peak_ratio``).
+The saving is predicted in the job before the blocks are wrapped, by a probe forward
+that counts the bytes autograd would keep (``fixes/checkpoint_probe.py``): of the whole
+model on its first call's inputs, or, for a model called with keyword inputs (the
+Hugging Face ``Trainer``) or checkpointed by its own switch, of one block at its first
+call. It is a prediction: the experiment measures the peak (``peak_ratio``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from typing import Any
 
 from stepscope.fixes.base import Fix
+from stepscope.fixes.checkpoint_probe import predict_saving, probe_at_first_block
 from stepscope.fixes.points import Change, ModelCall
 
 SNIPPET = (
@@ -50,9 +45,11 @@ SNIPPET = (
     "apply_activation_checkpointing(model, checkpoint_wrapper_fn=partial(\n"
     "    checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),\n"
     "    check_fn=lambda m: isinstance(m, Block))  # your repeated block class\n"
-    "# Hugging Face: model.gradient_checkpointing_enable("
-    'gradient_checkpointing_kwargs={"use_reentrant": False})'
+    "# Hugging Face: model.activation_checkpointing_enable("
+    'activation_checkpointing_kwargs={"use_reentrant": False})\n'
+    "# (transformers before 5: gradient_checkpointing_enable(gradient_checkpointing_kwargs=...))"
 )
+REENTRANT_OFF = {"use_reentrant": False}
 
 
 def repeated_blocks(model: Any, torch: Any) -> list[tuple[str, Any]]:
@@ -90,94 +87,23 @@ def _composite(module: Any) -> bool:
     return any(True for _ in module.children()) and any(True for _ in module.parameters())
 
 
-def _mib(n: float) -> str:
-    return f"{n / 2**20:.1f} MiB"
-
-
-def saved_by_blocks(
-    model: Any, blocks: list[tuple[str, Any]], args: tuple, torch: Any
-) -> tuple[list[int], list[int]]:
-    """(bytes autograd saves inside each block, bytes of each block's inputs), from one
-    probe forward of ``model`` on ``args`` (see the module docstring); raises what the
-    forward raises."""
-    n = len(blocks)
-    owner = {id(m): i for i, (_, m) in enumerate(blocks)}
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    per_block = [0] * n
-    inputs = [0] * n
-    held: dict[int, Any] = {}  # this block's saved tensors: a storage freed can be reused
-    # the block before's: a ResNet block's output is saved by its last ReLU and again by
-    # the next block's first conv, one storage that checkpointing keeps as an input
-    previous: dict[int, Any] = {}
-    active: list[int] = []
-
-    def pre(module: Any, inp: tuple) -> None:
-        i = owner[id(module)]
-        active.append(i)
-        inputs[i] += sum(t.nbytes for t in inp if isinstance(t, torch.Tensor))
-
-    def post(module: Any, inp: tuple, out: Any) -> None:
-        active.pop()
-        previous.clear()  # at most two blocks' activations held by the probe at a time
-        previous.update(held)
-        held.clear()
-
-    def pack(t: Any) -> None:
-        with contextlib.suppress(Exception):  # a tensor without plain storage: not counted
-            storage = t.untyped_storage()
-            ptr = storage.data_ptr()
-            if active and ptr not in params and ptr not in held and ptr not in previous:
-                held[ptr] = t
-                per_block[active[-1]] += storage.nbytes()
-
-    handles = [m.register_forward_pre_hook(pre) for _, m in blocks]
-    handles += [m.register_forward_hook(post) for _, m in blocks]
-    devices = [
-        d for d in {getattr(a, "device", None) for a in args} if getattr(d, "type", None) == "cuda"
-    ]
-    try:
-        with (
-            torch.random.fork_rng(devices=devices),
-            torch.autograd.graph.saved_tensors_hooks(pack, lambda _: None),
-        ):
-            type(model).forward(model, *args)  # the class's: a compiled forward stays as it is
-    finally:
-        for handle in handles:
-            handle.remove()
-    return per_block, inputs
-
-
-def predict_saving(model: Any, blocks: list[tuple[str, Any]], args: tuple, torch: Any) -> str:
-    """The bytes checkpointing should free, as the text of the change: the blocks' saved
-    bytes less the largest block's (recomputed in the backward) and their inputs (kept);
-    the block-count fraction where the probe forward cannot run."""
-    n = len(blocks)
-    try:
-        per_block, inputs = saved_by_blocks(model, blocks, args, torch)
-    except Exception as exc:
-        return (
-            f"predicted from the block count: about {n - 1}/{n} of their activations freed "
-            f"(the probe forward failed: {type(exc).__name__})"
-        )
-    saved = sum(per_block)
-    freed = max(0, saved - max(per_block) - sum(inputs))
-    return (
-        f"predicted saving {_mib(freed)} (measured in the job: the blocks save "
-        f"{_mib(saved)} for backward, {_mib(max(per_block))} the largest; less one block "
-        "and their inputs)"
-    )
-
-
 def _hf_enable(model: Any) -> Change | None:
-    """A Hugging Face model's own switch, where it has one (None: not such a model)."""
-    if not getattr(model, "supports_gradient_checkpointing", False) or not hasattr(
-        model, "gradient_checkpointing_enable"
-    ):
+    """A Hugging Face model's own switch, where it has one (None: not such a model):
+    ``activation_checkpointing_enable`` from transformers 5, the older name before it
+    (which 5 keeps, with a deprecation warning in the job's output)."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
         return None
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=REENTRANT_OFF)
+        name, on = "activation_checkpointing_enable", "is_activation_checkpointing"
+    elif hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=REENTRANT_OFF)
+        name, on = "gradient_checkpointing_enable", "is_gradient_checkpointing"
+    else:
+        return None
     return Change(
-        f"{type(model).__name__}.gradient_checkpointing_enable(use_reentrant=False)",
-        verified=bool(getattr(model, "is_gradient_checkpointing", False)),
+        f"{type(model).__name__}.{name}(use_reentrant=False)",
+        verified=bool(getattr(model, on, False)),
     )
 
 
@@ -192,6 +118,9 @@ def _on_model(call: ModelCall, params: dict[str, Any]) -> None:
     hf = _hf_enable(model)
     if hf is not None:
         call.record(hf)
+        blocks = repeated_blocks(model, torch)
+        if blocks:  # the Trainer calls with keywords: the model's first block is probed
+            probe_at_first_block(blocks, torch, call.record_later())
         return
     blocks = repeated_blocks(model, torch)
     if not blocks:
@@ -210,7 +139,11 @@ def _on_model(call: ModelCall, params: dict[str, Any]) -> None:
         checkpoint_wrapper,
     )
 
-    prediction = predict_saving(model, blocks, call.args, torch)
+    if call.args:
+        prediction = predict_saving(model, blocks, call.args, torch)
+    else:  # keyword inputs only: the first block's call has them
+        probe_at_first_block(blocks, torch, call.record_later())
+        prediction = "saving predicted at the first block's call"
     ids = {id(m) for _, m in blocks}
     apply_activation_checkpointing(
         model,
