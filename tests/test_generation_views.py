@@ -294,3 +294,31 @@ def test_run_page_without_requests_has_no_generation_section(home: Path, recorde
     assert labels[:3] == ["latency p50", "latency p99", "requests/s"], labels
     assert "step time p50" not in labels and labels.count("latency p50") == 1, labels
     assert _chart_with(at, "median inter-token latency") is None
+
+
+def test_the_kv_cache_is_measured_where_it_is_held(home: Path, recorded: dict) -> None:
+    """The Hugging Face job's cache (a DynamicCache: 2 layers, keys and values of width
+    64 in float32) is, at each request's end, its prompt and new tokens but the last,
+    per row; `show` and the Run page say it once. The decode loop keeps no cache: no
+    line."""
+    hf = recorded["ids"]["hf"]
+    requests, _ = _stored(home, hf)
+    done = requests[requests["status"] == "done"]
+    assert len(done) == 4
+    for meta, rows in zip(done["meta"], done["rows"], strict=True):
+        context = 12 + 6 - 1  # the batched request's prompt is padded to 12 on the left
+        assert meta["kv_cache_context"] == context and meta["kv_cache_grows"] is True
+        assert meta["kv_cache_bytes"] == 2 * 2 * rows * 64 * context * 4, meta
+    kv = generation_summary(*_stored(home, hf))["kv_cache"]
+    assert kv["bytes"] == 2 * 2 * 2 * 64 * 17 * 4 and kv["rows"] == 2 and kv["per_token"] == 1024
+    assert 0 < kv["share"] < 1 and kv["peak_basis"] == "rss"
+    shown = _show(home, hf)["generation"]["kv_cache"]
+    assert shown["bytes"] == kv["bytes"]
+    out = stepscope(home, "show", str(hf)).stdout
+    assert "KV cache" in out and "1.0 KiB per position per row" in out
+    at = open_page("run", run=str(hf))
+    no_errors(at)
+    assert "KV cache 34.0 KiB at its largest (request 3: 2 rows x 17 positions" in texts(at)
+    loop = recorded["ids"]["loop"]
+    assert generation_summary(*_stored(home, loop))["kv_cache"] is None
+    assert "KV cache" not in stepscope(home, "show", str(loop)).stdout

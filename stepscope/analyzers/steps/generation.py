@@ -54,6 +54,7 @@ REQUEST_COLUMNS = [
     "prefill_s",
     "decode_s",
     "other_s",
+    "kv_cache_bytes",
 ]
 TOKEN_COLUMNS = ["rank", "request", "position", "offset_s", "forward_s", "latency_s"]
 POSITION_COLUMNS = ["position", "requests", "latency_s", "forward_s"]
@@ -80,7 +81,50 @@ def request_table(requests: pd.DataFrame) -> pd.DataFrame:
     df["other_s"] = (df["latency_s"] - df["prefill_s"].fillna(0) - df["decode_s"].fillna(0)).clip(
         lower=0.0
     )
+    for key in ("kv_cache_bytes", "kv_cache_context"):
+        df[key] = pd.to_numeric(df["meta"].map(lambda m, k=key: _meta_number(m, k)), "coerce")
     return df
+
+
+def _meta_number(meta: Any, key: str) -> float | None:
+    """A number the job put in a request's meta (None where absent or not a number: the
+    store is shared, its rows are data)."""
+    value = meta.get(key) if isinstance(meta, dict) else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def kv_cache_figures(table: pd.DataFrame) -> dict[str, Any] | None:
+    """The KV cache at its largest (``collectors/steps/kv_cache.py`` measures it at each
+    request's end): ``bytes``, the request it was, ``per_token`` (bytes per position of
+    context per row: what one more token of any request costs; None for a cache
+    allocated whole, ``allocated_whole``: a static cache, a model's own buffers),
+    ``peak_bytes`` and ``share`` (that request's peak memory, CUDA's where the job used
+    it, else the process's RSS, and the cache's part of it); None where no request had
+    a cache measured (a job without one, or recorded before stepscope measured it)."""
+    if "kv_cache_bytes" not in table or not table["kv_cache_bytes"].notna().any():
+        return None
+    row = table.loc[table["kv_cache_bytes"].idxmax()]
+    kv = float(row["kv_cache_bytes"])
+    rows = int(row["rows"]) if pd.notna(row.get("rows")) and row["rows"] > 0 else 1
+    context = int(row["kv_cache_context"]) if pd.notna(row.get("kv_cache_context")) else None
+    grows = isinstance(row.get("meta"), dict) and row["meta"].get("kv_cache_grows") is True
+    slots = rows * (context or 0) if grows else 0
+    peak = row.get("peak_cuda_bytes")
+    basis = "cuda"
+    if peak is None or pd.isna(peak):
+        peak, basis = row.get("peak_rss_bytes"), "rss"
+    peak = None if peak is None or pd.isna(peak) or float(peak) <= 0 else float(peak)
+    return {
+        "bytes": kv,
+        "request": int(row["request"]),
+        "rows": rows,
+        "context": context,
+        "per_token": kv / slots if slots > 0 else None,
+        "allocated_whole": not grows,
+        "peak_bytes": peak,
+        "peak_basis": basis if peak is not None else None,
+        "share": kv / peak if peak else None,
+    }
 
 
 def timed_requests(requests: pd.DataFrame, steps: pd.DataFrame | None) -> pd.DataFrame:
@@ -117,7 +161,7 @@ def generation_summary(
 
     ``{"requests", "timed_requests", "unfinished", "failed", "prompt_tokens",
     "new_tokens", "request_s", "ttft_s", "tpot_s", "tokens_per_s", "requests_per_s",
-    "phases": {"prefill", "decode", "other"}, "sources"}``: the ``_s`` entries are
+    "phases": {"prefill", "decode", "other"}, "sources", "kv_cache"}``: the ``_s`` entries are
     ``{"p50", "p90", "p99", "mean"}`` in seconds over the timed requests, the counts over
     all requests, the phases shares of the timed requests' summed latency.
     """
@@ -151,6 +195,7 @@ def generation_summary(
         "requests_per_s": len(timed) / busy if busy > 0 else None,
         "phases": phases,
         "sources": sorted(set(table["source"].dropna())),
+        "kv_cache": kv_cache_figures(table),
     }
 
 

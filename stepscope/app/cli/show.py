@@ -38,6 +38,7 @@ from stepscope.app.formats import (
     missing,
     steps_recorded,
 )
+from stepscope.app.kv_cache_text import kv_cache_line
 from stepscope.errors import one_line_error
 from stepscope.store import RunStore
 
@@ -321,6 +322,9 @@ def _print_generation(console: Any, gen: dict[str, Any] | None, live: bool) -> N
         "prefill / decode / other",
         " / ".join(fmt_pct(phases.get(k), none="-") for k in ("prefill", "decode", "other")),
     )
+    kv = kv_cache_line(gen.get("kv_cache"))
+    if kv is not None:
+        t.add_row("KV cache", esc(kv.removeprefix("KV cache ")))
     console.print(t)
     d = term.table(title=f"per request ({gen['timed_requests']} timed)", title_justify="left")
     d.add_column("")

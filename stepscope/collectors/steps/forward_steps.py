@@ -179,7 +179,7 @@ class ForwardSteps:
                 anchor = self.anchor()
                 if anchor is None:
                     self.anchor_ref = weakref.ref(module)
-                if self.generation is not None and self.generation.post(module):
+                if self.generation is not None and self.generation.post(module, output):
                     return  # a request's forward: its step ends with the request
                 if anchor is not None and anchor is not module:
                     return

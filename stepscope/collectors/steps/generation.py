@@ -159,6 +159,10 @@ class Request:
     # the last column of each call's ids after the prefill
     seen: list[Any] = field(default_factory=list)
     generated: list[list[int]] | None = None  # per row, for the output guard
+    # the KV cache (``kv_cache.py``): a cache object the calls update in place, read at
+    # the request's end (then let go), and the largest legacy tuple cache seen
+    kv_cache: Any = None
+    kv_bytes: int = 0
 
     def forward_started(self, position: int) -> None:
         self.open_start = perf_counter()

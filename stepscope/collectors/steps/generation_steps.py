@@ -36,6 +36,14 @@ from stepscope.collectors.steps.generation import (
     generate_meta,
     token_ids,
 )
+from stepscope.collectors.steps.kv_cache import (
+    allocated_whole,
+    cache_of,
+    cache_tensors,
+    held_bytes,
+    is_cache_object,
+    module_cache_tensors,
+)
 from stepscope.collectors.steps.step_accounting import StepAccounting, StepLimitReached
 from stepscope.collectors.steps.step_state import StepState
 from stepscope.collectors.trials.generation_sweep import record_prompt, save_prompts
@@ -154,7 +162,7 @@ class GenerationSteps:
             self.acc.disable("generation", exc)
             return False
 
-    def post(self, module: Any) -> bool:
+    def post(self, module: Any, output: Any = None) -> bool:
         """At the end of a top-level call: True when it was a request's forward."""
         if "generation" in self.state.disabled:
             return False
@@ -164,6 +172,7 @@ class GenerationSteps:
                 model = request.model() if request.model is not None else None
                 if module is model:
                     request.forward_ended()
+                    self._note_cache(request, output)
                 return True
             gen = self.gen
             loop = gen.tentative or (gen.current if gen.current is not None else None)
@@ -176,6 +185,7 @@ class GenerationSteps:
                 loop.forward_extended()
                 return False
             loop.forward_ended()
+            self._note_cache(loop, output)
             if loop is gen.tentative:
                 # held back until the next call tells what it was
                 self._held = self.acc.take_row("forward", time.time())
@@ -308,6 +318,7 @@ class GenerationSteps:
     def _close_request(self, request: Request, end: float, stop: bool, final: bool = False) -> None:
         """Write the request's row and, in a job read as forward steps, its step."""
         self._read_cuda_peak(request)
+        self._read_cache(request)
         self.gen.keep_tokens(request)
         self.state.facts.on_forward_step(
             request.model() if request.model is not None else None,
@@ -346,6 +357,55 @@ class GenerationSteps:
             self.acc.disable("generated tokens", exc)
 
     # -- memory -------------------------------------------------------------------------------
+    def _note_cache(self, request: Request, output: Any) -> None:
+        """The cache a request's forward returned: a cache object is kept to be read at
+        the request's end; a legacy tuple is measured now (the next call makes another)."""
+        if output is None or "kv cache" in self.state.disabled:
+            return
+        try:
+            cache = cache_of(output)
+            if cache is None:
+                return
+            if is_cache_object(cache):
+                request.kv_cache = cache
+            else:
+                found = held_bytes(cache_tensors(cache, self.state.torch))
+                request.kv_bytes = max(request.kv_bytes, found)
+        except Exception as exc:
+            self.acc.disable("kv cache", exc)
+
+    def _read_cache(self, request: Request) -> None:
+        """The request's KV cache at its end, in its meta: the bytes, and the positions
+        per row it covers (prompt and decoded tokens but the last)."""
+        cache, request.kv_cache = request.kv_cache, None  # never held past the request
+        if "kv cache" in self.state.disabled:
+            return
+        try:
+            torch = self.state.torch
+            returned = request.kv_bytes
+            if cache is not None:
+                returned = max(returned, held_bytes(cache_tensors(cache, torch)))
+            # the modules called at top level: the model, or, where the script calls its
+            # model's forward directly (Meta's Llama reference), each of its layers
+            roots = [ref() for ref in list(self.forward._outer_modules.values())]
+            if request.model is not None:
+                roots.append(request.model())
+            own = held_bytes(
+                t for root in {id(m): m for m in roots if m is not None}.values()
+                for t in module_cache_tensors(root, torch)
+            )  # fmt: skip
+            if returned or own:
+                request.meta["kv_cache_bytes"] = returned + own
+                request.meta["kv_cache_context"] = request.prompt_len + max(
+                    len(request.forwards) - 1, 0
+                )
+                # per position only for a cache that grows with the context
+                request.meta["kv_cache_grows"] = bool(
+                    returned and not own and not (cache is not None and allocated_whole(cache))
+                )
+        except Exception as exc:
+            self.acc.disable("kv cache", exc)
+
     def _reset_cuda_peak(self) -> None:
         torch = self.state.torch
         with contextlib.suppress(Exception):

@@ -33,6 +33,7 @@ from stepscope.app.dashboard.charts.generation import (
     split_chart,
 )
 from stepscope.app.formats import fmt_num, fmt_pct, fmt_s
+from stepscope.app.kv_cache_text import kv_cache_line
 
 # The distributions drawn: summary key, the requests' column, the axis's words.
 DISTRIBUTIONS = (
@@ -148,6 +149,14 @@ def _show(g: GenerationData, live: bool) -> None:
         done = g.requests[g.requests["status"] == "done"]
         st.plotly_chart(split_chart(done), key="gen_split")
         st.caption(_split_line(s["phases"]))
+    kv = kv_cache_line(s.get("kv_cache"))
+    if kv is not None:
+        st.markdown(f"**Memory** · {ui.no_links(kv)}")
+        st.caption(
+            "The cache grows by one position per token for each row: the batch and the "
+            "context that fit are what it leaves free. A static cache holds its full "
+            "length from the first token."
+        )
     with st.expander(f"Requests ({s['requests']})"):
         st.dataframe(_requests_table(g.requests), hide_index=True, key="gen_requests")
 
