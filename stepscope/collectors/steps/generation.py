@@ -32,6 +32,7 @@ marked. Nothing here imports torch; the step timer (``generation_steps.py``) cal
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -356,3 +357,18 @@ def count_new_tokens(torch: Any, request: Request, output: Any) -> tuple[int | N
         lengths = torch.full((new.shape[0],), width)
     request.generated = [row[: int(n)] for row, n in zip(new.tolist(), lengths, strict=True)]
     return int(lengths.sum()), int(lengths.max())
+
+
+def reset_cuda_peak(torch: Any) -> None:
+    """A request starts: CUDA's peak counter from here (nothing where CUDA is unused)."""
+    with contextlib.suppress(Exception):
+        if torch.cuda.is_initialized():
+            torch.cuda.reset_peak_memory_stats()
+
+
+def cuda_peak(torch: Any) -> float | None:
+    """CUDA's most allocated since the request started; None where CUDA is unused."""
+    with contextlib.suppress(Exception):
+        if torch.cuda.is_initialized():
+            return float(torch.cuda.max_memory_allocated())
+    return None

@@ -33,16 +33,17 @@ from stepscope.collectors.steps.generation import (
     call_kwargs,
     caller_frame,
     count_new_tokens,
+    cuda_peak,
     generate_meta,
+    reset_cuda_peak,
     token_ids,
 )
 from stepscope.collectors.steps.kv_cache import (
-    allocated_whole,
+    cache_figures,
     cache_of,
     cache_tensors,
     held_bytes,
     is_cache_object,
-    module_cache_tensors,
 )
 from stepscope.collectors.steps.step_accounting import StepAccounting, StepLimitReached
 from stepscope.collectors.steps.step_state import StepState
@@ -91,7 +92,7 @@ class GenerationSteps:
             request.profiled = bool(self.state.profiled)
             if gen.record_prompts > len(gen.prompts):
                 gen.prompts.append(record_prompt(self.state.torch, args, kwargs))
-            self._reset_cuda_peak()
+            reset_cuda_peak(self.state.torch)
             gen.generate_depth = 1
             gen.generate_thread = threading.get_ident()
             gen.generate_seen = True
@@ -278,7 +279,7 @@ class GenerationSteps:
 
     def _start_loop_request(self, request: Request) -> None:
         self.gen.current = request
-        self._reset_cuda_peak()
+        reset_cuda_peak(self.state.torch)
         self.state.writer().add_request(request.row())
 
     def _end_loop_request(self, at_last_forward: bool) -> None:
@@ -317,7 +318,7 @@ class GenerationSteps:
 
     def _close_request(self, request: Request, end: float, stop: bool, final: bool = False) -> None:
         """Write the request's row and, in a job read as forward steps, its step."""
-        self._read_cuda_peak(request)
+        request.peak_cuda = cuda_peak(self.state.torch)
         self._read_cache(request)
         self.gen.keep_tokens(request)
         self.state.facts.on_forward_step(
@@ -381,39 +382,14 @@ class GenerationSteps:
         if "kv cache" in self.state.disabled:
             return
         try:
-            torch = self.state.torch
-            returned = request.kv_bytes
-            if cache is not None:
-                returned = max(returned, held_bytes(cache_tensors(cache, torch)))
             # the modules called at top level: the model, or, where the script calls its
             # model's forward directly (Meta's Llama reference), each of its layers
             roots = [ref() for ref in list(self.forward._outer_modules.values())]
             if request.model is not None:
                 roots.append(request.model())
-            own = held_bytes(
-                t for root in {id(m): m for m in roots if m is not None}.values()
-                for t in module_cache_tensors(root, torch)
-            )  # fmt: skip
-            if returned or own:
-                request.meta["kv_cache_bytes"] = returned + own
-                request.meta["kv_cache_context"] = request.prompt_len + max(
-                    len(request.forwards) - 1, 0
-                )
-                # per position only for a cache that grows with the context
-                request.meta["kv_cache_grows"] = bool(
-                    returned and not own and not (cache is not None and allocated_whole(cache))
-                )
+            figures = cache_figures(cache, request.kv_bytes, roots, self.state.torch)
+            if figures is not None:
+                context = request.prompt_len + max(len(request.forwards) - 1, 0)
+                request.meta.update(figures, kv_cache_context=context)
         except Exception as exc:
             self.acc.disable("kv cache", exc)
-
-    def _reset_cuda_peak(self) -> None:
-        torch = self.state.torch
-        with contextlib.suppress(Exception):
-            if torch.cuda.is_initialized():
-                torch.cuda.reset_peak_memory_stats()
-
-    def _read_cuda_peak(self, request: Request) -> None:
-        torch = self.state.torch
-        with contextlib.suppress(Exception):
-            if torch.cuda.is_initialized():
-                request.peak_cuda = float(torch.cuda.max_memory_allocated())
