@@ -30,15 +30,13 @@ trace's reserved minus allocated at the peak (0 or absent on CPU).
 
 from __future__ import annotations
 
-import re
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from stepscope.analyzers.trace.job_frames import is_job_frame
 from stepscope.analyzers.trace.memory import TIMELINE_CATEGORIES
 
 __all__ = [
@@ -63,16 +61,6 @@ CATEGORY_LABELS = {
 #: torch's MemoryProfileTimeline coalesces events to whole microseconds
 TIMELINE_RESOLUTION_NS = 1000
 MODULE_PREFIX = "nn.Module: "
-_FRAME = re.compile(r"^(?P<file>[^()]+)\((?P<line>\d+)\): (?P<func>.+)$")
-_NOT_THE_JOB = {"torch", "functorch", "stepscope", "triton", "<frozen"}
-#: stepscope's in-job code by absolute path (an editable install's frames are not
-#: relative to site-packages), here or on the machine that recorded the trace
-_OWN_CODE = (
-    str(Path(__file__).resolve().parents[2]) + "/",
-    "/stepscope/collectors/",
-    "/stepscope/fixes/",
-)
-_STDLIB = set(getattr(sys, "stdlib_module_names", ()))
 TOP_ROWS = 10
 
 
@@ -201,19 +189,6 @@ def live_at_peak(rows: pd.DataFrame, peak_ts: int | None) -> tuple[pd.DataFrame,
     return blocks.sort_values("ts", kind="stable", ignore_index=True), reserved_unused
 
 
-def _is_job_frame(name: str) -> bool:
-    m = _FRAME.match(name)
-    if not m:
-        return False
-    path = m["file"].replace("\\", "/")
-    head = path.split("/", 1)[0]
-    if head in _NOT_THE_JOB or "site-packages/torch/" in path or path.startswith("<"):
-        return False
-    if path.startswith(_OWN_CODE[0]) or any(part in path for part in _OWN_CODE[1:]):
-        return False  # the step timer's wrapper of backward() is not the job's line
-    return not ("/" not in path and path.removesuffix(".py") in _STDLIB)
-
-
 def _stacks(frames: pd.DataFrame, blocks: pd.DataFrame) -> list[list[str]]:
     """The Python stack (outermost first) open on each block's thread when it was
     allocated: one sweep per thread over the frames sorted by start."""
@@ -253,7 +228,7 @@ def _attribute(blocks: pd.DataFrame, stacks: list[list[str]]) -> tuple[pd.DataFr
             entry[2] += 1
             if pos == len(dict.fromkeys(modules)) - 1:
                 entry[1] += nbytes
-        line = next((n for n in reversed(stack) if _is_job_frame(n)), None)
+        line = next((n for n in reversed(stack) if is_job_frame(n)), None)
         if line is not None:
             entry = line_bytes.setdefault(line, [0, 0])
             entry[0] += nbytes
