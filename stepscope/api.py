@@ -254,9 +254,12 @@ def memory(ref: int | str | Run, home: PathLike | None = None) -> MemoryBreakdow
     ``ref``: a ``Run``, an id, a name or 'last'. The result's ``peak`` (one row per
     category: bytes at the peak, share, the category's max over the captured steps),
     ``timeline`` (bytes per category over time), ``modules`` and ``lines`` (the blocks
-    live at the peak by module and by function), ``peak_bytes``, ``problems`` (a file
-    that could not be read, one line each). Raises ``RunNotFound`` for an unknown run and
-    ``LookupError`` (``NoMemoryData``) for a run without a capture or a memory timeline.
+    live at the peak by module and by function), ``peak_bytes``, ``allocator`` (on CUDA,
+    the run's latest allocator snapshot: reserved, allocated, unused, the largest free
+    block, segments, ``sites``, an OOM's request and ``explanation()``; None without
+    one), ``problems`` (a file that could not be read, one line each). Raises
+    ``RunNotFound`` for an unknown run and ``LookupError`` (``NoMemoryData``) for a run
+    with neither a capture's memory timeline nor an allocator snapshot.
     """
     if isinstance(ref, Run):
         ref, home = ref.id, ref.home if home is None else home

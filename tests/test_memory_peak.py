@@ -204,6 +204,6 @@ def test_run_page_memory_section(recorded: dict, monkeypatch: pytest.MonkeyPatch
 def test_the_lines_table_skips_stepscopes_own_frames(frame: str, the_jobs: bool) -> None:
     """An editable install's frames are absolute paths: the step timer's wrapper of
     ``backward()`` was shown as the job's line holding 72 MiB of an HF Trainer's peak."""
-    from stepscope.analyzers.trace.memory_peak import _is_job_frame
+    from stepscope.analyzers.trace.job_frames import is_job_frame
 
-    assert _is_job_frame(frame) is the_jobs
+    assert is_job_frame(frame) is the_jobs

@@ -14,7 +14,6 @@ from __future__ import annotations
 import gzip
 import json
 import math
-import pickle
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,7 @@ sys.path.insert(0, str(REPO))
 from stepscope.collectors.launch.job_env import build_job_env  # noqa: E402
 from stepscope.collectors.steps.step_accounting import AFTER_CAPTURE_STEPS  # noqa: E402
 from stepscope.store import RunStore  # noqa: E402
+from stepscope.store.plain_pickle import load_plain_pickle  # noqa: E402
 
 MAX_STEPS, PROFILE_AT, PROFILE_STEPS = 60, 20, 3
 failures = 0
@@ -135,11 +135,10 @@ def main() -> int:
     snaps = arts[arts["kind"] == "memory_snapshot"]
     check("one memory snapshot artifact", len(snaps) == 1, f"{len(snaps)}")
     if len(snaps):
-        with open(snaps["path"].iloc[0], "rb") as f:
-            snap = pickle.load(f)
+        snap = load_plain_pickle(snaps["path"].iloc[0])  # never pickle.load: plain data only
         traces_n = sum(len(t) for t in snap.get("device_traces", []))
         check(
-            "memory snapshot loads with pickle",
+            "memory snapshot reads as plain data",
             "segments" in snap and traces_n > 0,
             f"{len(snap['segments'])} segments, {traces_n} trace entries",
         )

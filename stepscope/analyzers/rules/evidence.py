@@ -21,6 +21,7 @@ from typing import Any
 
 import pandas as pd
 
+from stepscope.analyzers.report.run_snapshot import run_snapshot
 from stepscope.analyzers.report.trace_report import TraceReport
 from stepscope.analyzers.steps.generation import (
     generation_summary,
@@ -30,6 +31,8 @@ from stepscope.analyzers.steps.generation import (
 )
 from stepscope.analyzers.steps.stacks import stack_summary
 from stepscope.analyzers.steps.step_stats import summarize_steps
+from stepscope.analyzers.trace.allocator_snapshot import AllocatorSnapshot
+from stepscope.errors import is_out_of_memory
 from stepscope.store.calibration import Calibration, cached_calibration
 from stepscope.types import JobContext
 
@@ -57,6 +60,11 @@ class Evidence:
     tokens: pd.DataFrame | None = None
     # The host's measured bandwidth for a CPU generation run (None: not calibrated).
     calibration: Calibration | None = None
+    # A run that ran out of CUDA memory: the allocator's snapshot dumped at the error
+    # (``report/run_snapshot.py``; None without one), or the one line saying why the
+    # run's snapshot was not read.
+    allocator: AllocatorSnapshot | None = None
+    allocator_problem: str | None = None
 
     def per_step(self, total: float) -> float:
         """A total over the whole trace (kernel time, kernel count) per step and rank."""
@@ -217,6 +225,7 @@ def gather(store: Any, run_id: int, report: TraceReport | None = None) -> Eviden
         context.cuda = True  # NVML saw the job's own processes hold GPU memory
     workers = max((int(ld.get("num_workers") or 0) for ld in context.loaders), default=0)
     summary = summarize_steps(steps, workers=workers or None) if len(steps) else None
+    allocator = oom_snapshot(store, run_id, run)
     if summary is None and report is None and step_timer_ran(run):
         return Evidence(
             level="none",
@@ -224,6 +233,7 @@ def gather(store: Any, run_id: int, report: TraceReport | None = None) -> Eviden
             system=system,
             run=run,
             no_steps=no_steps_reason(run, store.events(run_id)),
+            **allocator,
         )
     stacks = stack_summary(store.stack_samples(run_id))
     if stacks is not None and stacks["ddp"] and context.ddp is None:
@@ -256,7 +266,20 @@ def gather(store: Any, run_id: int, report: TraceReport | None = None) -> Eviden
         trace=report,
         run=run,
         **generation,
+        **allocator,
     )
+
+
+def oom_snapshot(store: Any, run_id: int, run: dict[str, Any]) -> dict[str, Any]:
+    """For a run that ran out of memory: its allocator snapshot taken at the error (one
+    whose trace has the ``oom`` entry; a capture's earlier one explains nothing about
+    it), or why it was not read. Other runs: nothing read."""
+    if not ((run.get("config") or {}).get("oom") or is_out_of_memory(run.get("error"))):
+        return {}
+    snapshot, problems = run_snapshot(store, run_id)
+    if problems:
+        return {"allocator_problem": problems[0]}
+    return {"allocator": snapshot} if snapshot is not None and snapshot.oom else {}
 
 
 def _generation(

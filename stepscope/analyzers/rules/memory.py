@@ -4,7 +4,11 @@ Each rule is a plain function ``Evidence -> Finding | None`` for one subtype of
 the taxonomy (docs/architecture.md). Capacity has no share of step time: an out-of-memory error ranks
 first through the finding's ``extra_cost`` (``OOM_COST``), its evidence read from the OOM
 record the job wrote where it ran out (``collectors/injob/oom_record.py``): the bytes
-asked, the bytes in use, the limit, the step and the user's line that asked.
+asked, the bytes in use, the limit, the step and the user's line that asked. On CUDA,
+where the allocator's snapshot was dumped at the error, one more line says why the
+request failed (``analyzers/trace/allocator_snapshot.py``): it fitted in the free total
+but in no free block (fragmentation, which expandable segments answer), or the memory
+was full, with the job's lines holding most of it.
 """
 
 from __future__ import annotations
@@ -94,6 +98,7 @@ def memory_capacity(ev: Evidence) -> Finding | None:
     oom = bool(records) or is_out_of_memory(error)
     if oom:
         evidence += oom_evidence(records[0] if records else {}, error)
+        evidence += snapshot_evidence(ev)
     peak_share = None
     if ev.trace is not None and ev.trace.memory:
         for dev, m in ev.trace.memory.items():
@@ -218,6 +223,20 @@ def oom_evidence(record: dict[str, Any], error: str) -> list[EvidenceItem]:
     if record.get("source"):
         items.append(EvidenceItem.of(f"asked by {record['source']}", None, "oom"))
     return items
+
+
+def snapshot_evidence(ev: Evidence) -> list[EvidenceItem]:
+    """Why the request failed, from the allocator snapshot dumped at the error; or why
+    that snapshot was not read."""
+    if ev.allocator_problem:
+        text = f"the allocator snapshot was not read: {ev.allocator_problem}"
+        return [EvidenceItem.of(text, None, "snapshot")]
+    snapshot = ev.allocator
+    explanation = None if snapshot is None else snapshot.explanation()
+    if snapshot is None or explanation is None:
+        return []
+    value = snapshot.largest_free_block_bytes if snapshot.fragmented else snapshot.free_total_bytes
+    return [EvidenceItem.of(f"the allocator snapshot: {explanation}", value, "snapshot")]
 
 
 def _size(n: Any) -> str:

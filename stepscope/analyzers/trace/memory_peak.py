@@ -25,20 +25,24 @@ was allocated. What that gives, and what it does not:
   the two tables cover.
 
 CUDA's allocator reserves more than it hands out: ``reserved_unused_bytes`` is the
-trace's reserved minus allocated at the peak (0 or absent on CPU).
+trace's reserved minus allocated at the peak (0 or absent on CPU). Where the trace has
+none (no trace, or only the allocator's snapshot of an out-of-memory error) it is the
+allocator snapshot's unused bytes at its own moment, and ``reserved_unused_at`` says
+which. ``allocator`` holds the snapshot's figures (``allocator_snapshot.py``: reserved,
+allocated, the largest free block, segments, the job's lines holding the blocks, an
+OOM's request).
 """
 
 from __future__ import annotations
 
-import re
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from stepscope.analyzers.trace.allocator_snapshot import AllocatorSnapshot
+from stepscope.analyzers.trace.job_frames import is_job_frame
 from stepscope.analyzers.trace.memory import TIMELINE_CATEGORIES
 
 __all__ = [
@@ -63,16 +67,6 @@ CATEGORY_LABELS = {
 #: torch's MemoryProfileTimeline coalesces events to whole microseconds
 TIMELINE_RESOLUTION_NS = 1000
 MODULE_PREFIX = "nn.Module: "
-_FRAME = re.compile(r"^(?P<file>[^()]+)\((?P<line>\d+)\): (?P<func>.+)$")
-_NOT_THE_JOB = {"torch", "functorch", "stepscope", "triton", "<frozen"}
-#: stepscope's in-job code by absolute path (an editable install's frames are not
-#: relative to site-packages), here or on the machine that recorded the trace
-_OWN_CODE = (
-    str(Path(__file__).resolve().parents[2]) + "/",
-    "/stepscope/collectors/",
-    "/stepscope/fixes/",
-)
-_STDLIB = set(getattr(sys, "stdlib_module_names", ()))
 TOP_ROWS = 10
 
 
@@ -95,6 +89,8 @@ class MemoryBreakdown:
     lines: pd.DataFrame
     attributed_bytes: int | None = None
     reserved_unused_bytes: int | None = None
+    reserved_unused_at: str | None = None  # "the peak", or the snapshot's moment
+    allocator: AllocatorSnapshot | None = None
     problems: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -103,10 +99,12 @@ class MemoryBreakdown:
             "device": self.device,
             "peak_bytes": self.peak_bytes,
             "reserved_unused_bytes": self.reserved_unused_bytes,
+            "reserved_unused_at": self.reserved_unused_at,
             "attributed_bytes": self.attributed_bytes,
             "peak": _records(self.peak),
             "modules": _records(self.modules),
             "lines": _records(self.lines),
+            "allocator_snapshot": None if self.allocator is None else self.allocator.to_dict(),
             "problems": list(self.problems),
         }
 
@@ -201,19 +199,6 @@ def live_at_peak(rows: pd.DataFrame, peak_ts: int | None) -> tuple[pd.DataFrame,
     return blocks.sort_values("ts", kind="stable", ignore_index=True), reserved_unused
 
 
-def _is_job_frame(name: str) -> bool:
-    m = _FRAME.match(name)
-    if not m:
-        return False
-    path = m["file"].replace("\\", "/")
-    head = path.split("/", 1)[0]
-    if head in _NOT_THE_JOB or "site-packages/torch/" in path or path.startswith("<"):
-        return False
-    if path.startswith(_OWN_CODE[0]) or any(part in path for part in _OWN_CODE[1:]):
-        return False  # the step timer's wrapper of backward() is not the job's line
-    return not ("/" not in path and path.removesuffix(".py") in _STDLIB)
-
-
 def _stacks(frames: pd.DataFrame, blocks: pd.DataFrame) -> list[list[str]]:
     """The Python stack (outermost first) open on each block's thread when it was
     allocated: one sweep per thread over the frames sorted by start."""
@@ -253,7 +238,7 @@ def _attribute(blocks: pd.DataFrame, stacks: list[list[str]]) -> tuple[pd.DataFr
             entry[2] += 1
             if pos == len(dict.fromkeys(modules)) - 1:
                 entry[1] += nbytes
-        line = next((n for n in reversed(stack) if _is_job_frame(n)), None)
+        line = next((n for n in reversed(stack) if is_job_frame(n)), None)
         if line is not None:
             entry = line_bytes.setdefault(line, [0, 0])
             entry[0] += nbytes
@@ -278,10 +263,12 @@ def memory_breakdown(
     *,
     device: str | None = None,
     problems: list[str] | None = None,
+    allocator: AllocatorSnapshot | None = None,
 ) -> MemoryBreakdown:
     """The peak's breakdown from a timeline (``memory_timeline_by_category``; None when
     unreadable) and the same window's trace (a ``Trace``; None when unreadable): each
-    part that can be had from what is there, the rest empty."""
+    part that can be had from what is there, the rest empty. ``allocator``: the run's
+    CUDA allocator snapshot, kept beside them."""
     problems = list(problems or [])
     if by_category is None:
         by_category = pd.DataFrame(columns=["ts", *TIMELINE_CATEGORIES, "total"])
@@ -312,6 +299,11 @@ def memory_breakdown(
         if peak_bytes is None and not rows.empty:
             at = int(rows["total_allocated"].to_numpy().argmax())
             peak_bytes = int(rows["total_allocated"].iat[at])
+    unused_at = None if reserved_unused is None else "the peak"
+    if reserved_unused is None and allocator is not None:
+        reserved_unused, unused_at = allocator.unused_bytes, allocator.moment
+    if device is None and allocator is not None:
+        device = f"cuda:{allocator.device}"
     return MemoryBreakdown(
         device=device,
         peak_bytes=peak_bytes,
@@ -322,5 +314,7 @@ def memory_breakdown(
         lines=lines,
         attributed_bytes=attributed,
         reserved_unused_bytes=reserved_unused,
+        reserved_unused_at=unused_at,
+        allocator=allocator,
         problems=problems,
     )

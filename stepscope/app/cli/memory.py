@@ -2,9 +2,12 @@
 
 Text: the peak's categories (bytes at the peak, share, each category's own max over the
 captured steps), then the modules and the source lines whose blocks are live at the peak
-(``analyzers/trace/memory_peak.py`` says how they are found and what they leave out).
-``--json``: the same as one object. A run without a capture or a timeline: one line,
-exit 1.
+(``analyzers/trace/memory_peak.py`` says how they are found and what they leave out),
+then on CUDA the allocator snapshot's figures (reserved, allocated, unused, the largest
+free block, segments; at an out-of-memory error, why the request failed) and the job's
+lines holding its blocks (``analyzers/trace/allocator_snapshot.py``). ``--json``: the
+same as one object (``allocator_snapshot``). A run without a timeline or a snapshot:
+one line, exit 1.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import sys
 from typing import Any
 
 from stepscope.analyzers.report.run_memory import NoMemoryData, run_memory
+from stepscope.analyzers.report.run_snapshot import has_snapshot
+from stepscope.analyzers.trace.allocator_snapshot import AllocatorSnapshot
 from stepscope.analyzers.trace.memory_peak import MemoryBreakdown
 from stepscope.app.cli import term
 from stepscope.app.cli.term import esc, print_json
@@ -37,27 +42,46 @@ def cmd_memory(ref: str, as_json: bool) -> int:
 
 
 def memory_lines(b: MemoryBreakdown) -> list[str]:
-    """A few lines for `show`: the peak and its three largest parts."""
-    if b.peak_bytes is None:
-        return []
-    parts = [
-        f"{r.label} {fmt_bytes(r.bytes)} ({fmt_pct(r.share)})"
-        for r in b.peak.itertuples()
-        if r.bytes > 0
-    ][:3]
-    head = f"peak {fmt_bytes(b.peak_bytes)} on {b.device or 'the device'}"
-    lines = [head + (": " + ", ".join(parts) if parts else "")]
+    """A few lines for `show`: the peak and its three largest parts, and the allocator
+    snapshot's figures."""
+    lines = []
+    if b.peak_bytes is not None:
+        parts = [
+            f"{r.label} {fmt_bytes(r.bytes)} ({fmt_pct(r.share)})"
+            for r in b.peak.itertuples()
+            if r.bytes > 0
+        ][:3]
+        head = f"peak {fmt_bytes(b.peak_bytes)} on {b.device or 'the device'}"
+        lines.append(head + (": " + ", ".join(parts) if parts else ""))
     if len(b.modules):
         top = ", ".join(f"{r.module} {fmt_bytes(r.bytes)}" for r in b.modules.head(3).itertuples())
         lines.append(f"modules holding the most at the peak: {top}")
+    if b.allocator is not None:
+        lines += allocator_lines(b.allocator)
+    return lines
+
+
+def allocator_lines(a: AllocatorSnapshot) -> list[str]:
+    """The snapshot in a line or two: its figures, and at an OOM why it failed."""
+    lines = [
+        f"allocator snapshot at {a.moment} on cuda:{a.device}: {fmt_bytes(a.reserved_bytes)} "
+        f"reserved, {fmt_bytes(a.allocated_bytes)} allocated, {fmt_bytes(a.unused_bytes)} "
+        f"reserved unused, largest free block {fmt_bytes(a.largest_free_block_bytes)}, "
+        f"{a.segments} segment{'s' * (a.segments != 1)}"
+    ]
+    explanation = a.explanation()
+    if explanation:
+        lines.append(f"out of memory: {explanation}")
     return lines
 
 
 def memory_summary(store: Any, run_id: int) -> dict[str, Any] | None:
     """The Memory section: the peak's split and its lines (``stepscope memory`` has the
-    tables); None for a run without a memory timeline. A file that cannot be read is
-    its one line in ``problems``, never the end of `show` or `analyze`."""
-    if "memory_timeline" not in set(store.artifacts(run_id)["kind"]):
+    tables); None for a run without a memory timeline or an allocator snapshot. A file
+    that cannot be read is its one line in ``problems``, never the end of `show` or
+    `analyze`."""
+    arts = store.artifacts(run_id)
+    if "memory_timeline" not in set(arts["kind"]) and not has_snapshot(arts):
         return None
     try:
         breakdown = run_memory(store, run_id)
@@ -80,9 +104,12 @@ def print_memory(console: Any, run_id: int, b: MemoryBreakdown) -> None:
 
     for problem in b.problems:
         console.print(f"[yellow]{esc(problem)}[/]")
-    head = f"Run {run_id}: peak {fmt_bytes(b.peak_bytes)} on {b.device or 'the device'}"
-    if b.reserved_unused_bytes:
-        head += f", and {fmt_bytes(b.reserved_unused_bytes)} reserved by the allocator unused"
+    if b.peak_bytes is not None:
+        head = f"Run {run_id}: peak {fmt_bytes(b.peak_bytes)} on {b.device or 'the device'}"
+        if b.reserved_unused_bytes and b.reserved_unused_at == "the peak":
+            head += f", and {fmt_bytes(b.reserved_unused_bytes)} reserved by the allocator unused"
+    else:
+        head = f"Run {run_id}: no memory timeline of a capture (no peak's split)"
     console.print(head)
     if len(b.peak):
         t = Table(title="At the peak, by what it holds")
@@ -110,4 +137,47 @@ def print_memory(console: Any, run_id: int, b: MemoryBreakdown) -> None:
             f"modules and code cover {fmt_bytes(b.attributed_bytes)} of the peak: the blocks "
             "allocated inside the capture (parameters and optimizer state made before it "
             "have no stack)"
+        )
+    if b.allocator is not None:
+        print_allocator(console, b.allocator)
+
+
+def print_allocator(console: Any, a: AllocatorSnapshot) -> None:
+    """The allocator snapshot: its figures, why an OOM failed, the job's lines."""
+    from rich.table import Table  # local: rich is imported by term when the verb runs
+
+    t = Table(title=f"CUDA allocator snapshot at {a.moment} (cuda:{a.device})")
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    rows = [
+        ("reserved (segments)", fmt_bytes(a.reserved_bytes)),
+        ("allocated (active blocks)", fmt_bytes(a.allocated_bytes)),
+        ("reserved unused (inactive blocks)", fmt_bytes(a.unused_bytes)),
+        ("largest free block", fmt_bytes(a.largest_free_block_bytes)),
+        ("segments", str(a.segments) + (" (expandable)" if a.expandable else "")),
+    ]
+    if a.pending_free_bytes:
+        rows.insert(3, ("freed, awaiting another stream", fmt_bytes(a.pending_free_bytes)))
+    if a.oom is not None:
+        rows += [
+            ("the failing request", fmt_bytes(a.oom.asked_bytes)),
+            ("free on the device then", fmt_bytes(a.oom.device_free_bytes)),
+        ]
+    for name, value in rows:
+        t.add_row(name, value)
+    console.print(t)
+    explanation = a.explanation()
+    if explanation:
+        console.print(f"out of memory: {esc(explanation)}")
+    if len(a.sites):
+        t = Table(title="Code: the job's innermost line holding the allocated blocks")
+        for col in ("file:line in function", "bytes", "blocks"):
+            t.add_column(col, justify="left" if col.startswith("file") else "right")
+        for r in a.sites.itertuples():
+            t.add_row(esc(r.site), fmt_bytes(r.bytes), str(r.blocks))
+        console.print(t)
+    if a.no_site_bytes:
+        console.print(
+            f"{fmt_bytes(a.no_site_bytes)} allocated with no frame of the job's code (made "
+            "before memory history was recorded, or by library code alone)"
         )

@@ -360,16 +360,20 @@ class CaptureController:
         with contextlib.suppress(Exception):
             self._writer().log("warning", "capture", text)
 
-    def _dump_memory_snapshot(self) -> None:
+    def _dump_memory_snapshot(self, extra: dict[str, Any] | None = None) -> str:
+        """Dump the allocator's snapshot of the window and stop recording its history;
+        ``extra``: more meta for its row (``reason: oom`` when the job ran out of memory
+        inside the window). Returns the file's path."""
         import torch  # local: see the note on torch
 
         self._memory_history = False
         path = os.path.join(str(self.run_dir), f"{self._stem}.memory_snapshot.pickle")
         try:
             torch.cuda.memory._dump_snapshot(path)
-            self._record("memory_snapshot", path)
+            self._record("memory_snapshot", path, extra)
         finally:
             torch.cuda.memory._record_memory_history(enabled=None)
+        return path
 
     def _record(
         self,

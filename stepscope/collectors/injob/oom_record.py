@@ -68,9 +68,10 @@ def record_oom(
     record["step"] = None if timer is None else int(getattr(timer, "step", 0))
     record["source"] = user_line(tb)
     try:
-        snapshot = _cuda_snapshot(timer, run_dir)
+        snapshot, recorded = _cuda_snapshot(timer, run_dir)
         if snapshot is not None:
-            writer.add_artifact("memory_snapshot", snapshot, {"reason": "oom"})
+            if not recorded:
+                writer.add_artifact("memory_snapshot", snapshot, {"reason": "oom"})
             record["snapshot"] = snapshot
     except Exception as exc_snap:
         failed.append(f"snapshot: {type(exc_snap).__name__}")
@@ -91,6 +92,8 @@ def summary(record: dict[str, Any]) -> str:
         parts.append(f"step {record['step']}")
     if record.get("source"):
         parts.append(f"at {record['source']}")
+    if record.get("snapshot"):  # `stepscope memory RUN` reads it: why the request failed
+        parts.append(f"allocator snapshot {os.path.basename(record['snapshot'])}")
     return ", ".join(parts)
 
 
@@ -145,20 +148,22 @@ def _cuda_memory() -> dict[str, Any]:
     }
 
 
-def _cuda_snapshot(timer: Any, run_dir: str | None) -> str | None:
-    """Dump the allocator's snapshot where memory history was being recorded; None on
-    CPU, without a run folder, or without history (a snapshot of no events says nothing)."""
+def _cuda_snapshot(timer: Any, run_dir: str | None) -> tuple[str | None, bool]:
+    """Dump the allocator's snapshot where memory history was being recorded: (its
+    path, whether its artifact row is written already); None on CPU, without a run
+    folder, or without history (a snapshot of no events says nothing). Its trace ends
+    with the allocator's ``oom`` entry: the request and the device's free bytes."""
     torch = sys.modules.get("torch")
     cuda = getattr(torch, "cuda", None)
     if run_dir is None or cuda is None or not cuda.is_initialized():
-        return None
+        return None, False
     capture = getattr(timer, "capture", None)
     if capture is not None and getattr(capture, "_memory_history", False):
-        capture._dump_memory_snapshot()  # the capture's own, stopped as it would be
-        return None  # recorded as the capture's artifact
+        # the capture's own, stopped as it would be, its row marked as the error's
+        return capture._dump_memory_snapshot({"reason": "oom"}), True
     snapshot = cuda.memory._snapshot()
     if not any(snapshot.get("device_traces") or []):
-        return None
+        return None, False
     path = os.path.join(run_dir, SNAPSHOT_FILE)
     cuda.memory._dump_snapshot(path)
-    return path
+    return path, False
