@@ -12,6 +12,7 @@ the verdict's words; never times.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -83,6 +84,27 @@ def test_the_oom_record_says_what_was_asked_where(gpt_oom) -> None:
     assert "cuda_total_bytes" not in record  # a CPU job never touches CUDA
 
 
+def test_the_oom_record_says_what_held_the_memory(gpt_oom, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In the first step's forward: the model's parameters and its causal masks, no
+    gradient yet, and no optimizer state (AdamW makes its moments at its first step),
+    each counted as the same model built here holds it."""
+    _, run = gpt_oom
+    (record,) = run["config"]["oom"]
+    held = record["model_state"]
+    monkeypatch.setattr(sys, "argv", ["gpt_trainer.py"])
+    spec = importlib.util.spec_from_file_location("gpt_trainer", GPT)
+    job = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(job)
+    model = job.GPT(4096, 64, 2, 8, 512)  # --vocab and --heads as default, SMALL's others
+    storages = {
+        p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()
+    }
+    masks = {b.untyped_storage().data_ptr(): b.untyped_storage().nbytes() for b in model.buffers()}
+    assert held["parameters"] == sum(storages.values())
+    assert held["buffers"] == sum(masks.values()) > 0
+    assert held["gradients"] == 0 and held["optimizer_state"] == 0 and held["optimizers"] == 1
+
+
 def test_the_verdict_explains_the_oom_and_not_compute(gpt_oom) -> None:
     proc, run = gpt_oom
     top = run["findings"][0]
@@ -94,6 +116,10 @@ def test_the_verdict_explains_the_oom_and_not_compute(gpt_oom) -> None:
     assert "gpt_trainer.py:" in verdict and "in step 0" in verdict
     assert "frees memory: activation_checkpointing (applied by stepscope)" in verdict
     assert "Compute" not in verdict and "step time" not in verdict
+    # what held the memory: the model's state, and the step's own (most of it)
+    assert "held by the model's state: parameters " in verdict
+    assert "the step's (activations, temporaries and the process's libraries)" in verdict
+    assert "would free (advice): sharding over 2 ranks (FSDP) about" in verdict
 
 
 def test_an_oom_after_some_steps_ranks_first(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from stepscope.analyzers.rules.evidence import Evidence
+from stepscope.analyzers.rules.memory_state import model_state_evidence
 from stepscope.analyzers.rules.readings import (
     basis_evidence,
     cpu_classes,
@@ -222,7 +223,7 @@ def oom_evidence(record: dict[str, Any], error: str) -> list[EvidenceItem]:
         items.append(EvidenceItem.of(f"in step {step}, {done}", step, "oom"))
     if record.get("source"):
         items.append(EvidenceItem.of(f"asked by {record['source']}", None, "oom"))
-    return items
+    return items + model_state_evidence(record)
 
 
 def snapshot_evidence(ev: Evidence) -> list[EvidenceItem]:

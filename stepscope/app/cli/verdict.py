@@ -22,7 +22,8 @@ from stepscope.store import RunStore
 from stepscope.types import Finding
 
 TOP_FIXES = 3
-OOM_EVIDENCE = 7  # every line of an out-of-memory finding: what, how much, limit, where
+OOM_EVIDENCE = 9  # every line of an out-of-memory finding: what, how much, limit, where,
+# what held it and what would free it
 
 
 def print_verdict(run_id: int, home: Any = None) -> None:

@@ -12,7 +12,8 @@ moment: RLIMIT_AS caps the latter), ``limit_bytes`` (RLIMIT_AS, None if unlimite
 CUDA ``cuda_allocated_bytes``/``cuda_reserved_bytes``/``cuda_total_bytes`` (read only
 where the job initialised CUDA itself), ``step`` (the step the step timer was in,
 0-based as the steps table counts), ``source`` (the last traceback frame of the user's
-code: outside torch, stepscope and site-packages) and ``rank``. On CUDA a memory
+code: outside torch, stepscope and site-packages), ``model_state`` (the parameters,
+gradients, optimizer state and buffers on that device: ``model_state.py``) and ``rank``. On CUDA a memory
 snapshot is dumped when memory history was being recorded (a capture's, or the job's).
 
 It runs in a process that just ran out of memory: every part is guarded, and a part
@@ -29,6 +30,7 @@ import sys
 import traceback
 from typing import Any
 
+from stepscope.collectors.injob.model_state import model_state_bytes
 from stepscope.errors import bytes_asked, is_out_of_memory, one_line_error
 
 OOM_KEY = "oom"  # the run config's key: a list of records, one per process that ran out
@@ -65,6 +67,12 @@ def record_oom(
             record.update(part())
         except Exception as exc_part:  # one number missing costs only itself
             failed.append(f"{part.__name__.lstrip('_')}: {type(exc_part).__name__}")
+    try:
+        held = _model_state(timer, record)
+        if held is not None:
+            record["model_state"] = held
+    except Exception as exc_state:
+        failed.append(f"model state: {type(exc_state).__name__}")
     record["step"] = None if timer is None else int(getattr(timer, "step", 0))
     record["source"] = user_line(tb)
     try:
@@ -146,6 +154,20 @@ def _cuda_memory() -> dict[str, Any]:
         "cuda_reserved_bytes": int(cuda.memory_reserved(index)),
         "cuda_total_bytes": int(cuda.get_device_properties(index).total_memory),
     }
+
+
+def _model_state(timer: Any, record: dict[str, Any]) -> dict[str, int] | None:
+    """The model's state on the device that ran out (``model_state.py``), from the
+    optimizers the job made and the module its steps call; None without either."""
+    torch = sys.modules.get("torch")
+    state = getattr(timer, "state", None)
+    if torch is None or state is None:
+        return None
+    forward = getattr(timer, "forward", None)
+    model = forward.anchor() if forward is not None else None
+    index = record.get("cuda_device")
+    device = torch.device("cpu") if index is None else torch.device("cuda", int(index))
+    return model_state_bytes(list(state.optimizer_refs), model, torch, device)
 
 
 def _cuda_snapshot(timer: Any, run_dir: str | None) -> tuple[str | None, bool]:

@@ -25,6 +25,7 @@ A step detector of ``StepTimer`` (``step_timer.py``): it works on the timer's sh
 
 from __future__ import annotations
 
+import contextlib
 import time
 import weakref
 from collections.abc import Callable
@@ -235,6 +236,8 @@ class OptimizerSteps:
             original(optimizer, *args, **kwargs)
             if not state.inert:
                 state.optimizers_made += 1
+                with contextlib.suppress(TypeError):  # an optimizer that refuses weakrefs
+                    state.optimizer_refs.add(optimizer)
 
         return __init__
 

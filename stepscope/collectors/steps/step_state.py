@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,6 +79,8 @@ class StepState:
     backward_seen: bool = False
     # optimizers the job has created (optimizer detector; read by forward, generation)
     optimizers_made: int = 0
+    # ... and the optimizers themselves, weakly (an OOM record sizes their state)
+    optimizer_refs: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet)
     # when the last backward ended (timer's backward wrapper; the forward detector's
     # last step of a job that updates by hand ends there)
     last_backward_end: float | None = None
