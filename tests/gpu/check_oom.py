@@ -7,7 +7,8 @@ memory, once with the job recording CUDA memory history itself and once without,
 reads the run back: the run failed with torch's OutOfMemoryError; the `oom` record has
 the bytes asked (CUDA's "Tried to allocate X GiB", within its two printed decimals),
 the allocator's allocated and reserved bytes and the device's total, step 2 and the
-job's own line; the first finding is memory/capacity; the verdict says out of memory;
+job's own line; the model's state on the GPU (the Linear's weights and gradients); the
+first finding is memory/capacity; the verdict says out of memory and what held it;
 with history a `memory_snapshot` artifact that reads as plain data, without it none. PASS/FAIL
 lines; exit 1 if any check fails.
 """
@@ -83,6 +84,17 @@ def record(home: Path, mode: str) -> None:
     check(f"{mode}: allocated/reserved read", (rec.get("cuda_reserved_bytes") or 0) > 0, str(rec))
     check(f"{mode}: step 2", rec.get("step") == 2, str(rec.get("step")))
     check(f"{mode}: the job's line", "cuda_oom_job.py:12" in str(rec.get("source")), rec["source"])
+    # the model's state on the GPU: a 1024 x 1024 Linear's weight and bias, their
+    # gradients from step 1, SGD keeps no state; and the verdict's line that says so
+    held = rec.get("model_state") or {}
+    weights = (1024 * 1024 + 1024) * 4
+    check(
+        f"{mode}: model state on cuda:0",
+        held.get("parameters") == weights and held.get("gradients") == weights
+        and held.get("optimizer_state") == 0,
+        str(held),
+    )  # fmt: skip
+    check(f"{mode}: the verdict says what held it", "held by the model's state" in proc.stderr)
     check(
         f"{mode}: memory/capacity first",
         bool(findings) and findings[0].key == "memory/capacity",
