@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stepscope.analyzers.rules.memory_state import model_state_evidence
+from stepscope.analyzers.rules.memory_state import model_state_evidence, peak_remedies
 from stepscope.collectors.injob.model_state import model_state_bytes
 
 CPU = torch.device("cpu")
@@ -83,3 +83,26 @@ def test_on_the_cpu_the_rest_is_an_upper_bound_and_nothing_is_offloaded() -> Non
 )
 def test_a_record_that_is_not_numbers_gives_no_line(state: object) -> None:
     assert model_state_evidence({"model_state": state, "rss_bytes": 2**30}) == []
+
+
+def test_at_a_captures_peak_the_step_is_its_tensors() -> None:
+    """From the timeline's categories the step's bytes are exact on the CPU too (tensors
+    only): the micro-batch line is given; an inference peak (no gradient, no optimizer
+    state) gets none."""
+    mib = 2**20
+    peak = [
+        {"category": "PARAMETER", "bytes": 100 * mib},
+        {"category": "GRADIENT", "bytes": 100 * mib},
+        {"category": "OPTIMIZER_STATE", "bytes": 200 * mib},
+        {"category": "ACTIVATION", "bytes": 500 * mib},
+        {"category": "TEMPORARY", "bytes": 100 * mib},
+        {"category": "UNKNOWN", "bytes": 999 * mib},  # neither the model's nor the step's
+    ]
+    assert peak_remedies(peak, "cpu") == [
+        "8-bit optimizer state about 150.0 MiB",
+        "sharding over 2 ranks (FSDP) about 200.0 MiB per rank",
+        "half the micro-batch (2 accumulation steps) about 300.0 MiB",
+    ]
+    assert "the optimizer state offloaded to the CPU 200.0 MiB" in peak_remedies(peak, "cuda:0")
+    assert peak_remedies(peak[:1] + peak[3:], "cpu") == []
+    assert peak_remedies([{"category": "GRADIENT", "bytes": "x"}, None], "cpu") == []  # type: ignore[list-item]

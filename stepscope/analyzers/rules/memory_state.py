@@ -13,7 +13,11 @@ the libraries and the interpreter, so there the rest is only an upper bound). Fr
 * sharding over two ranks (FSDP, ZeRO-3): half of the parameters, gradients and
   optimizer state, per rank;
 * half the micro-batch, with two accumulation steps to keep the batch: about half the
-  step's own bytes (activations scale with the batch), on CUDA only.
+  step's own bytes (activations scale with the batch), where they are known apart from
+  the process's other memory (CUDA's allocated bytes; a capture's timeline).
+
+The same remedies are given at a capture's peak (``peak_remedies``), from the memory
+timeline's categories, where the step's bytes are its tensors alone.
 
 They are advice, computed, not measured: the fixes stepscope applies are measured by
 ``optimize``. The store's record is data from the job: a field that is not a
@@ -26,7 +30,7 @@ from typing import Any
 
 from stepscope.types import EvidenceItem
 
-__all__ = ["model_state_evidence"]
+__all__ = ["model_state_evidence", "peak_remedies", "remedies"]
 
 _STATE_KEYS = ("parameters", "gradients", "optimizer_state", "buffers")
 
@@ -65,14 +69,44 @@ def model_state_evidence(record: dict[str, Any]) -> list[EvidenceItem]:
         )
         text += f"; the rest of what was in use, {_mib(rest)}, the step's ({what})"
     items = [EvidenceItem.of(text, total, "oom")]
-    frees = []
-    opt, sharded = held["optimizer_state"], held["parameters"] + held["gradients"]
-    if opt > 0:
-        frees.append(f"8-bit optimizer state about {_mib(opt * 3 / 4)}")
-        if cuda is not None:
-            frees.append(f"the optimizer state offloaded to the CPU {_mib(opt)}")
-    frees.append(f"sharding over 2 ranks (FSDP) about {_mib((sharded + opt) / 2)} per rank")
-    if cuda is not None and rest:
-        frees.append(f"half the micro-batch (2 accumulation steps) about {_mib(rest / 2)}")
+    step_bytes = rest if cuda is not None else None
+    frees = remedies(held, step_bytes, on_cuda=cuda is not None)
     items.append(EvidenceItem.of("would free (advice): " + "; ".join(frees), None, "oom"))
     return items
+
+
+def remedies(held: dict[str, int], step_bytes: int | None, *, on_cuda: bool) -> list[str]:
+    """What each remedy would free, from the model's state (``held``: parameters,
+    gradients, optimizer state) and the step's own bytes (None where not known apart
+    from the process's other memory: the micro-batch line is left out)."""
+    frees = []
+    opt, sharded = held.get("optimizer_state", 0), held.get("parameters", 0)
+    sharded += held.get("gradients", 0)
+    if opt > 0:
+        frees.append(f"8-bit optimizer state about {_mib(opt * 3 / 4)}")
+        if on_cuda:
+            frees.append(f"the optimizer state offloaded to the CPU {_mib(opt)}")
+    frees.append(f"sharding over 2 ranks (FSDP) about {_mib((sharded + opt) / 2)} per rank")
+    if step_bytes:
+        frees.append(f"half the micro-batch (2 accumulation steps) about {_mib(step_bytes / 2)}")
+    return frees
+
+
+#: the memory timeline's categories that are the step's own, not the model's state
+STEP_CATEGORIES = ("ACTIVATION", "TEMPORARY", "INPUT", "AUTOGRAD_DETAIL")
+
+
+def peak_remedies(peak: list[dict[str, Any]], device: str | None) -> list[str]:
+    """``remedies`` at a capture's peak (``MemoryBreakdown.peak`` records: category and
+    bytes). The timeline counts tensors only, so the step's bytes there are exact on the
+    CPU too. None of them for a peak without the model's state (an inference job)."""
+    by = {r.get("category"): _bytes(r.get("bytes")) or 0 for r in peak if isinstance(r, dict)}
+    held = {
+        "parameters": by.get("PARAMETER", 0),
+        "gradients": by.get("GRADIENT", 0),
+        "optimizer_state": by.get("OPTIMIZER_STATE", 0),
+    }
+    if not held["gradients"] and not held["optimizer_state"]:
+        return []  # no training state: sharding and optimizer remedies do not apply
+    step = sum(by.get(c, 0) for c in STEP_CATEGORIES)
+    return remedies(held, step, on_cuda=str(device or "").startswith("cuda"))
