@@ -1,24 +1,31 @@
 """The everyday CLI commands as whole processes, on a store of 1,000 runs (issue 41).
 
     python bench/cli_speed.py [--runs 1000] [--reps 7] [--baseline DIR] [--json OUT]
+                              [--job-steps 40]
 
 Builds a SQLite store of ``--runs`` finished runs (``store_scale.build``: 20 steps and 10
-samples each, one run in ten diagnosed), tags its second newest run ``base``, and lists
-it once (``stepscope runs --json``: the runs' figures are computed and kept, as after
-any first listing; not timed). Then times each command below as a whole process
+samples each, one run in ten diagnosed), then records one real run last, as a user
+does: ``stepscope run`` of ``examples/input_bound.py`` (``--job-steps`` steps, the
+default capture, its memory timeline, the verdict's findings), so that ``show last``
+shows a realistic run. It tags the second newest run ``base``, and lists the store
+once (``stepscope runs --json``: the runs' figures are computed and kept, as after any
+first listing) and shows the last run once (its `show` figures kept, as `stepscope run`
+leaves them); neither is timed. Then times each command below as a whole process
 (interpreter start, imports, the queries, the output written to a pipe): the wall
 seconds and the CPU seconds of the process, the median of ``--reps`` runs. The reps
-interleave (rep 1 of every command, then rep 2), so load from other work on the
-machine hits them alike; a wide min-max says it was noisy.
+interleave (rep 1 of every command, then rep 2), so load from other work on the machine
+hits them alike; a wide min-max says it was noisy.
 
-``--baseline DIR`` times another version of stepscope in the same reps, on the same
-store: DIR holds its ``stepscope`` package (``git archive REV stepscope | tar -x -C
-DIR``), put first on PYTHONPATH. It must keep the runs' figures the same way (the same
-``FIGURES_VERSION``), or each version computes them again at every listing.
+``--baseline DIR`` times another version of stepscope in the same reps, on a copy of the
+same store: DIR holds its ``stepscope`` package (``git archive REV stepscope | tar -x
+-C DIR``), put first on PYTHONPATH. The store is built and the real run recorded by the
+baseline (an older stepscope cannot open a store of a newer schema), and this tree gets
+a copy of it (migrated when it first opens it). The baseline must keep the runs' figures
+the same way (the same ``FIGURES_VERSION``), or it computes them again at every listing.
 
 What the issue asks of ``--help``, ``runs``, ``show last`` and ``tag``: 0.3 s wall each
-on a 2-core VM. Which modules each command imports is a test (``tests/test_cli_imports.py``),
-never a timing.
+on a 2-core VM; ``check`` and ``diff`` are set against the same figure. Which modules
+each command imports is a test (``tests/test_cli_imports.py``), never a timing.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -34,15 +42,20 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "bench")]  # this tree's stepscope; store_scale.py
-
-from store_scale import build  # noqa: E402  (a script of this folder, not a package)
+JOB = REPO / "examples" / "input_bound.py"
+# Builds the store in a child, with the stepscope its PYTHONPATH names first (this tree's
+# or the baseline's): store_scale.build imports stepscope when it runs.
+BUILD = (
+    "import os, sys; sys.path.insert(0, sys.argv[1]); from store_scale import build; "
+    "build(dict(os.environ), int(sys.argv[2]), steps=20, samples=10)"
+)
 
 COMMANDS: tuple[tuple[str, ...], ...] = (
     ("--help",),
     ("runs",),
     ("runs", "--json"),
     ("show", "last"),
+    ("show", "last", "--json"),
     ("tag", "--list"),
     ("tag", "last", "newest"),
     ("check", "last", "--against", "base"),
@@ -59,6 +72,21 @@ def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
     if res.returncode not in (0, 1):
         raise RuntimeError(f"{' '.join(cmd[3:])}: exit {res.returncode}: {res.stderr[-2000:]!r}")
     return wall, _children_cpu() - cpu0
+
+
+def build_store(env: dict[str, str], runs: int, job_steps: int) -> None:
+    """``runs`` synthetic runs, then one real recorded run, in ``env``'s store and with
+    ``env``'s stepscope."""
+    bench = str(REPO / "bench")
+    out = tempfile.gettempdir()  # not the checkout: its stepscope would come first
+    subprocess.run([sys.executable, "-c", BUILD, bench, str(runs)], env=env, cwd=out, check=True)
+    record = [sys.executable, "-m", "stepscope.app.cli", "run", "--name", "realistic", "--"]
+    job = [sys.executable, str(JOB), "--steps", str(job_steps)]
+    res = subprocess.run(
+        [*record, *job], env=env, cwd=out, capture_output=True, text=True, check=False
+    )
+    if res.returncode != 0:
+        raise RuntimeError(f"the recorded run failed: {res.stderr[-2000:]}")
 
 
 def _children_cpu() -> float:
@@ -78,20 +106,27 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--baseline", metavar="DIR", help="a folder holding another stepscope")
     p.add_argument("--json", metavar="OUT", help="write the figures here as well")
+    p.add_argument("--job-steps", type=int, default=40, help="steps of the recorded run")
     a = p.parse_args()
 
-    home = Path(tempfile.mkdtemp(prefix="stepscope-cli-")) / "home"
-    env = {k: v for k, v in os.environ.items() if k != "STEPSCOPE_STORE"}
-    env["STEPSCOPE_HOME"] = str(home)
-    build(env, a.runs, steps=20, samples=10)
-    versions = {"this": _with_path(env, str(REPO))}
+    base = Path(tempfile.mkdtemp(prefix="stepscope-cli-"))
+    env0 = {k: v for k, v in os.environ.items() if k != "STEPSCOPE_STORE"}
+    roots = {"this": REPO}
     if a.baseline:
-        versions["baseline"] = _with_path(env, str(Path(a.baseline).resolve()))
+        roots["baseline"] = Path(a.baseline).resolve()
+    builder = "baseline" if a.baseline else "this"  # the oldest schema: both can open it
+    versions = {v: _with_path({**env0, "STEPSCOPE_HOME": str(base / v)}, str(root))
+                for v, root in roots.items()}  # fmt: skip
+    build_store(versions[builder], a.runs, a.job_steps)
+    for version in versions:
+        if version != builder:
+            shutil.copytree(base / builder, base / version)
     cli = [sys.executable, "-m", "stepscope.app.cli"]
-    for venv in versions.values():  # figures kept, and the tag the check reads
-        subprocess.run([*cli, "runs", "--json"], env=venv, capture_output=True, check=True)
-        tag = [*cli, "tag", str(a.runs - 1), "base"]
-        subprocess.run(tag, env=venv, capture_output=True, check=True)
+    for venv in versions.values():  # figures kept, the last run shown once, the tag
+        for args in (("runs", "--json"), ("show", "last"), ("tag", str(a.runs - 1), "base")):
+            subprocess.run(
+                [*cli, *args], env=venv, cwd=tempfile.gettempdir(), capture_output=True, check=True
+            )
 
     times: dict[str, dict[str, list[tuple[float, float]]]] = {v: {} for v in versions}
     for _ in range(a.reps):

@@ -1,11 +1,14 @@
 """The everyday commands answer at once: none imports a heavy module it does not use.
 
-`stepscope --help`, `runs` and `tag` (issue 41) load neither pandas nor numpy, scipy,
-torch, SQLAlchemy (a SQLite store runs on sqlite3: ``store/sqlite_engine.py``), plotly
-nor Streamlit; `show`, `check` and `diff` compute figures with pandas (and scipy's
-intervals) but never load torch, SQLAlchemy or the dashboard's modules. Checked by what
-a fresh interpreter holds in ``sys.modules`` once the command has run, never by a
-timing: these machines are noisy, and the figures are in ``bench/cli_speed.py``.
+`stepscope --help`, `runs`, `tag` and `show` of an ended run (issue 41) load neither
+pandas nor numpy, scipy, torch, SQLAlchemy (a SQLite store runs on sqlite3:
+``store/sqlite_engine.py``), plotly nor Streamlit, nor the analyzers' rules: `show` reads
+the run's diagnosis and the figures kept for it (``app/cli/show_kept.py``). `show` of a
+run whose figures are not kept (running, changed, never shown), `check` and `diff`
+compute figures with pandas (and scipy's intervals) but never load torch, SQLAlchemy or
+the dashboard's modules. Checked by what a fresh interpreter holds in ``sys.modules``
+once the command has run, never by a timing: these machines are noisy, and the figures
+are in ``bench/cli_speed.py``.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from pathlib import Path
 import pytest
 
 import stepscope
+from stepscope.analyzers.rules.diagnosis import diagnose_run
 from stepscope.analyzers.steps.run_figures import listed_figures
+from stepscope.app.cli.show_kept import keep_show_figures
 from stepscope.store import RunStore
 from stepscope.types import Finding
 
@@ -27,9 +32,17 @@ from stepscope.types import Finding
 HEAVY = {"pandas", "numpy", "scipy", "torch", "sqlalchemy", "plotly", "streamlit", "pyarrow"}
 #: what no command that only reads the store loads
 NEVER = {"torch", "sqlalchemy", "plotly", "streamlit"}
+#: the analyzers' modules `show` of a run diagnosed, its figures kept, may load: the
+#: saved diagnosis, and the runs list's kept figures (``app/cli/runs.py``'s)
+SHOW_READS = {
+    "stepscope.analyzers.rules",
+    "stepscope.analyzers.rules.diagnosed",
+    "stepscope.analyzers.steps",
+    "stepscope.analyzers.steps.run_figures",
+}
 
-# Runs the command in this interpreter, its output thrown away, then prints the top-level
-# names of every module it left loaded.
+# Runs the command in this interpreter, its output thrown away, then prints the name of
+# every module it left loaded.
 PROBE = """
 import contextlib, io, json, sys
 from stepscope.app.cli.main import main
@@ -38,14 +51,20 @@ with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.St
         code = main(sys.argv[1:])
     except SystemExit as exc:  # --help
         code = exc.code
-print(json.dumps({"code": code, "loaded": sorted({m.split(".")[0] for m in sys.modules})}))
+print(json.dumps({"code": code, "loaded": sorted(sys.modules)}))
 """
+
+
+def top_level(modules: set[str]) -> set[str]:
+    return {m.split(".")[0] for m in modules}
 
 
 @pytest.fixture(scope="module")
 def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A store of three ended runs with steps, one diagnosed, one tagged, whose runs-list
-    figures are kept (as after any earlier `stepscope runs`)."""
+    """A store of three ended runs with steps, one tagged, whose runs-list figures are
+    kept (as after any earlier `stepscope runs`): the first with a finding saved and no
+    diagnosis marker (diagnosed again by `show`), the last diagnosed with its `show`
+    figures kept (as `stepscope run` leaves a run)."""
     home = tmp_path_factory.mktemp("imports") / "home"
     finding = Finding.from_json(
         {"class": "io", "subtype": "input_pipeline", "title": "the job waits for data",
@@ -66,12 +85,14 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 store.save_findings(run_id, [finding])
         store.set_tag("nightly", 1)
         listed_figures(store, store.run_list())
+        diagnose_run(store, run_id, save=True)
+    keep_show_figures(run_id, home)
     return home
 
 
 def loaded(home: Path, *args: str) -> set[str]:
-    """The top-level modules a fresh `stepscope ARGS` left loaded (it must succeed), of
-    the stepscope these tests import (first on its path, run outside the checkout)."""
+    """The modules a fresh `stepscope ARGS` left loaded (it must succeed), of the
+    stepscope these tests import (first on its path, run outside the checkout)."""
     env = {k: v for k, v in os.environ.items() if k != "STEPSCOPE_STORE"}
     env["STEPSCOPE_HOME"] = str(home)
     env["PYTHONPATH"] = os.pathsep.join(
@@ -96,19 +117,29 @@ def loaded(home: Path, *args: str) -> set[str]:
         ("tag", "--list"),
         ("tag", "--list", "--json"),
         ("tag", "last", "newest"),
+        ("show", "last"),
+        ("show", "last", "--json"),
     ],
     ids=" ".join,
 )
 def test_the_quick_commands_load_nothing_heavy(home: Path, args: tuple[str, ...]) -> None:
-    assert loaded(home, *args) & HEAVY == set()
+    modules = loaded(home, *args)
+    assert top_level(modules) & HEAVY == set()
+    if args[0] == "show":  # the saved diagnosis is read, never made: no rules, no trace
+        analyzers = {m for m in modules if m.startswith("stepscope.analyzers.")}
+        assert analyzers <= SHOW_READS, analyzers - SHOW_READS
 
 
 @pytest.mark.parametrize(
     "args",
-    [("show", "last"), ("check", "last", "--against", "nightly"), ("diff", "1", "last")],
+    [
+        ("show", "1"),  # its figures not kept, and its diagnosis made now
+        ("check", "last", "--against", "nightly"),
+        ("diff", "1", "last"),
+    ],
     ids=" ".join,
 )
 def test_the_commands_that_compute_load_no_torch_nor_sqlalchemy(
     home: Path, args: tuple[str, ...]
 ) -> None:
-    assert loaded(home, *args) & NEVER == set()
+    assert top_level(loaded(home, *args)) & NEVER == set()

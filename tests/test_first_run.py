@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from stepscope.app.cli.show_figures import compute_figures
+from stepscope.app.cli.show_kept import DETAILS_VERSION, run_state
 from stepscope.collectors.capture.capture_auto import FIRST_STEP, LAST_STEP
 from stepscope.collectors.launch.launcher import launch_run
 from stepscope.store import RunStore
@@ -89,6 +91,35 @@ def test_the_verdict_comes_after_the_jobs_output(default_run) -> None:
     diagnosis = json.loads(show.stdout)["diagnosis"]
     assert diagnosis["level"] == "trace" and diagnosis["findings"][0]["title"] == found[0].title
     assert diagnosis["verdict"][0] == verdict.removeprefix("stepscope: ")
+
+
+# `show` run in a fresh interpreter: what it printed, and whether pandas got loaded.
+SHOW_PROBE = """
+import contextlib, io, json, sys
+from stepscope.app.cli.main import main
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    code = main(sys.argv[1:])
+print(json.dumps({"code": code, "out": out.getvalue(), "pandas": "pandas" in sys.modules}))
+"""
+
+
+def test_show_reads_the_figures_kept_as_the_run_ended(default_run) -> None:
+    """`stepscope run` kept `show`'s figures once its verdict was printed: `show` reads
+    them back without pandas and prints what computing them now gives (the capture's
+    memory breakdown included)."""
+    home, _ = default_run
+    with RunStore(home) as store:
+        state, version, figures = store.kept_details(1)
+        assert (state, version) == (run_state(store, store.run(1)), DETAILS_VERSION)
+        assert figures == compute_figures(store, 1)
+    assert figures["memory"]["peak_bytes"] > 0 and figures["steps"]["steps"] == 30
+    probe = [sys.executable, "-c", SHOW_PROBE, "--home", str(home), "show", "1", "--json"]
+    shown = json.loads(subprocess.run(probe, capture_output=True, timeout=60).stdout)
+    assert shown["code"] == 0 and not shown["pandas"]
+    data = json.loads(shown["out"])
+    assert data["step_time_median_s"] == figures["steps"]["step_time_median_s"]
+    assert data["memory"]["lines"][0].startswith("peak ")
 
 
 def test_quiet_and_no_profile(tmp_path: Path) -> None:

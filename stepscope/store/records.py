@@ -44,6 +44,10 @@ _INSERT_SAMPLES = (
 # backends take in one statement, whatever their steps.
 STEPS_OF_CHUNK = 500
 
+# A run's artifacts and events: one query for the frame and for the plain rows.
+_ARTIFACTS_SQL = "SELECT * FROM artifacts WHERE run_id=:run_id ORDER BY id"
+_EVENTS_SQL = "SELECT * FROM events WHERE run_id=:run_id ORDER BY t"
+
 # pandas is imported inside the read functions only: the writer runs inside every
 # process of the user's job, where importing pandas would cost ~1 s and ~50 MB each.
 
@@ -283,11 +287,21 @@ class RunRecords:
         return df.pivot_table(index="t", columns="column", values="value", aggfunc="last")
 
     def artifacts(self, run_id: int) -> pd.DataFrame:
-        df = self._db.frame(
-            "SELECT * FROM artifacts WHERE run_id=:run_id ORDER BY id", run_id=run_id
-        )
+        df = self._db.frame(_ARTIFACTS_SQL, run_id=run_id)
         df["meta"] = df["meta"].map(json.loads)
         return df
 
+    def artifact_rows(self, run_id: int) -> list[dict[str, Any]]:
+        """``artifacts()`` as one dict per artifact (SQL NULL is None): `stepscope show`
+        lists them without importing pandas."""
+        rows = self._db.rows(_ARTIFACTS_SQL, run_id=run_id)
+        for row in rows:
+            row["meta"] = json.loads(row["meta"])
+        return rows
+
     def events(self, run_id: int) -> pd.DataFrame:
-        return self._db.frame("SELECT * FROM events WHERE run_id=:run_id ORDER BY t", run_id=run_id)
+        return self._db.frame(_EVENTS_SQL, run_id=run_id)
+
+    def event_rows(self, run_id: int) -> list[dict[str, Any]]:
+        """``events()`` as one dict per event (SQL NULL is None), for `show` (no pandas)."""
+        return self._db.rows(_EVENTS_SQL, run_id=run_id)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 # Statuses a run can have. "running" is the only non-final one; a run whose launcher
 # vanished without finalising is turned into "lost" on the next read.
@@ -250,6 +250,19 @@ CREATE TABLE IF NOT EXISTS run_summaries (
     figures     TEXT NOT NULL,              -- JSON: {name: number or null}
     created_at  REAL NOT NULL
 );
+
+-- What `stepscope show` computes of an ended run (details.py: its step figures, samples,
+-- requests, memory breakdown), kept so that `show` answers without computing them again.
+-- Kept for the run as it was (``state``: its status and end, how many steps, samples,
+-- requests and artifacts it had) and the way they were computed (``version``); a run
+-- that differs has them computed again. Data only: shown, never executed.
+CREATE TABLE IF NOT EXISTS run_details (
+    run_id      INTEGER PRIMARY KEY REFERENCES runs(id) ON DELETE CASCADE,
+    state       TEXT NOT NULL,              -- JSON: the run's state they were computed for
+    version     INTEGER NOT NULL,           -- how they were computed
+    details     TEXT NOT NULL,              -- JSON object
+    created_at  REAL NOT NULL
+);
 """
 
 # The keys that make a row written twice land once (version 9): the in-job writer
@@ -377,4 +390,5 @@ ALTER TABLE samples ADD COLUMN host TEXT;
     + _ARTIFACTS_V9
     + _copied("samples", _SAMPLES_COLUMNS, ("samples_key", _SAMPLES_KEY))
     + _copied("events", _EVENTS_COLUMNS, ("events_key", _EVENTS_KEY)),
+    10: "",  # the run_details table
 }

@@ -7,7 +7,7 @@ any moment loses at most what its writer had buffered.
 
 ``RunStore`` is one class made of one part per group of tables (``runs.py``,
 ``members.py``, ``records.py``, ``requests.py``, ``findings.py``, ``experiments.py``,
-``tags.py``, ``summaries.py``) over one database
+``tags.py``, ``summaries.py``, ``details.py``) over one database
 (``db.py``: SQLite by default, or PostgreSQL, chosen by the store URL, ``url.py``):
 callers keep one handle with the API they always had and each part reads alone.
 This module owns the database: opening it, migrating the schema, closing it.
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stepscope.store.db import Db, db_errors, error_text, q
+from stepscope.store.details import DetailsTable
 from stepscope.store.experiments import ExperimentsTable
 from stepscope.store.findings import FindingsTable
 from stepscope.store.members import MembersTable
@@ -55,6 +56,7 @@ class RunStore(
     ExperimentsTable,
     TagsTable,
     SummariesTable,
+    DetailsTable,
 ):
     """Handle on one store: its database plus the local ``runs/<id>/`` folders.
 

@@ -21,13 +21,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from stepscope.analyzers.report.trace_report import TraceReport, analyze_trace
 from stepscope.analyzers.rules.capture_cover import NO_COMPLETE_STEP, missed_every_step
 from stepscope.analyzers.rules.communication import collectives, host_device
 from stepscope.analyzers.rules.compute import device_compute, host_overhead, optimizer_step
+from stepscope.analyzers.rules.diagnosed import DIAGNOSED, Diagnosis
+
+# re-exported: where the dashboard, the API and the tests have always imported them
+from stepscope.analyzers.rules.diagnosed import LEVEL_TEXT as LEVEL_TEXT
+from stepscope.analyzers.rules.diagnosed import saved_diagnosis as saved_diagnosis
 from stepscope.analyzers.rules.evidence import Evidence, from_trace, gather
 from stepscope.analyzers.rules.generation import decode_batch_one, long_prefill, no_kv_cache
 from stepscope.analyzers.rules.inference import inference_grad, inference_train_mode, small_batch
@@ -42,13 +46,6 @@ from stepscope.analyzers.trace.load import TraceError
 from stepscope.store.artifacts import ArtifactError, kind_files
 from stepscope.types import FAILED_IN_STEP, Finding
 
-# What a diagnosis at each level rests on, as the verdict and the Run page say it.
-LEVEL_TEXT = {
-    "trace": "a profiler trace and the steps",
-    "steps": "the steps and system samples (no trace)",
-    "stacks": "Python stacks and system samples",
-    "samples": "system samples only",
-}
 LEVEL_CONFIDENCE = {"trace": 1.0, "steps": 0.85, "stacks": 0.75, "samples": 0.6, "none": 0.3}
 # Shares read from fewer timed steps than this are one step's accident (a torchrun job
 # that stepped once was "highly input-bound" from a single 12 ms step): the findings
@@ -56,26 +53,6 @@ LEVEL_CONFIDENCE = {"trace": 1.0, "steps": 0.85, "stacks": 0.75, "samples": 0.6,
 FEW_STEPS = 5
 FEW_STEPS_FACTOR = 0.5
 
-
-@dataclass
-class Diagnosis:
-    level: str
-    findings: list[Finding]
-    warnings: list[str] = field(default_factory=list)
-    # Why there is nothing to diagnose (a run whose job recorded no step); also in warnings.
-    reason: str | None = None
-    # Why the run's capture was left out (it covered no complete step); also in warnings.
-    capture_note: str | None = None
-
-    def __post_init__(self) -> None:
-        for finding in self.findings:
-            finding.level = self.level
-
-    def to_json(self) -> list[dict[str, Any]]:
-        return [f.to_json() for f in self.findings]
-
-
-DIAGNOSED = "diagnosed"  # the run config's key: when, at what level, why not (a reason)
 
 RULES: tuple[Callable[[Evidence], Finding | None], ...] = (
     input_pipeline,
@@ -229,32 +206,6 @@ def diagnose_run(
             marker["capture"] = diagnosis.capture_note
         store.merge_run_json(run_id, "config", {DIAGNOSED: marker})
     return diagnosis
-
-
-def saved_diagnosis(
-    store: Any, run_id: int, report: TraceReport | None = None, read_trace: bool = True
-) -> Diagnosis | None:
-    """The run's diagnosis as saved, made now where the run ended after it was last
-    diagnosed (a job whose launcher was killed before its verdict, a run recorded before
-    verdicts, one diagnosed while it ran); None for a running run never diagnosed.
-    ``report``: the run's trace, where the caller has analysed it already; ``read_trace``
-    False: the caller holds the trace back, so a diagnosis made now leaves it out and is
-    not saved (the one with the trace is made once it is read)."""
-    run = store.run(run_id)
-    marker = (run.get("config") or {}).get(DIAGNOSED)
-    ended = run.get("ended_at")
-    if run["status"] != "running" and (marker is None or (ended and marker["at"] < ended)):
-        whole = report is not None or read_trace
-        return diagnose_run(store, run_id, report=report, save=whole, read_trace=read_trace)
-    if marker is None:
-        return None
-    reason = marker.get("reason")
-    return Diagnosis(
-        marker.get("level") or "none",
-        store.findings(run_id),
-        reason=reason,
-        capture_note=marker.get("capture"),
-    )
 
 
 def _run_report(store: Any, run_id: int) -> tuple[TraceReport | None, list[str]]:

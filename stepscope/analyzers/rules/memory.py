@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from stepscope.analyzers.rules.diagnosed import OOM_TITLE
 from stepscope.analyzers.rules.evidence import Evidence
 from stepscope.analyzers.rules.memory_state import model_state_evidence
 from stepscope.analyzers.rules.readings import (
@@ -150,15 +151,6 @@ def memory_capacity(ev: Evidence) -> Finding | None:
         evidence,
         extra_cost=OOM_COST if oom else 0.0,
     )
-
-
-OOM_TITLE = "Memory capacity: the job ran out of"
-
-
-def is_oom_finding(finding: Finding) -> bool:
-    """The finding says the job ran out of memory (as built here, or read back from the
-    store, where only its key and title tell it from a peak near the limit)."""
-    return finding.key == "memory/capacity" and finding.title.startswith(OOM_TITLE)
 
 
 # An out-of-memory error outranks every finding with a share of step time (shares add up

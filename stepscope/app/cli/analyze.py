@@ -32,7 +32,8 @@ from stepscope.app.cli import term
 from stepscope.app.cli.analyze_hardware import print_phases, print_roofline
 from stepscope.app.cli.analyze_nodes import nodes_json, print_nodes, run_nodes
 from stepscope.app.cli.findings_output import print_findings
-from stepscope.app.cli.memory import memory_summary, print_memory_section
+from stepscope.app.cli.memory import memory_summary
+from stepscope.app.cli.memory_section import print_memory_section
 from stepscope.app.cli.term import esc
 from stepscope.app.formats import fmt_pct
 from stepscope.store import RunNotFound, RunStore, StoreError

@@ -20,6 +20,7 @@ from stepscope.analyzers.report.run_snapshot import has_snapshot
 from stepscope.analyzers.trace.allocator_snapshot import AllocatorSnapshot
 from stepscope.analyzers.trace.memory_peak import MemoryBreakdown
 from stepscope.app.cli import term
+from stepscope.app.cli.memory_section import with_lines
 from stepscope.app.cli.term import esc, print_json
 from stepscope.app.formats import fmt_bytes, fmt_pct
 from stepscope.errors import one_line_error
@@ -41,45 +42,19 @@ def cmd_memory(ref: str, as_json: bool) -> int:
     return 0
 
 
-def memory_lines(b: MemoryBreakdown) -> list[str]:
-    """A few lines for `show`: the peak and its three largest parts, and the allocator
-    snapshot's figures."""
-    lines = []
-    if b.peak_bytes is not None:
-        parts = [
-            f"{r.label} {fmt_bytes(r.bytes)} ({fmt_pct(r.share)})"
-            for r in b.peak.itertuples()
-            if r.bytes > 0
-        ][:3]
-        head = f"peak {fmt_bytes(b.peak_bytes)} on {b.device or 'the device'}"
-        lines.append(head + (": " + ", ".join(parts) if parts else ""))
-    if len(b.modules):
-        top = ", ".join(f"{r.module} {fmt_bytes(r.bytes)}" for r in b.modules.head(3).itertuples())
-        lines.append(f"modules holding the most at the peak: {top}")
-    if b.allocator is not None:
-        lines += allocator_lines(b.allocator)
-    return lines
-
-
-def allocator_lines(a: AllocatorSnapshot) -> list[str]:
-    """The snapshot in a line or two: its figures, and at an OOM why it failed."""
-    lines = [
-        f"allocator snapshot at {a.moment} on cuda:{a.device}: {fmt_bytes(a.reserved_bytes)} "
-        f"reserved, {fmt_bytes(a.allocated_bytes)} allocated, {fmt_bytes(a.unused_bytes)} "
-        f"reserved unused, largest free block {fmt_bytes(a.largest_free_block_bytes)}, "
-        f"{a.segments} segment{'s' * (a.segments != 1)}"
-    ]
-    explanation = a.explanation()
-    if explanation:
-        lines.append(f"out of memory: {explanation}")
-    return lines
-
-
 def memory_summary(store: Any, run_id: int) -> dict[str, Any] | None:
     """The Memory section: the peak's split and its lines (``stepscope memory`` has the
     tables); None for a run without a memory timeline or an allocator snapshot. A file
     that cannot be read is its one line in ``problems``, never the end of `show` or
     `analyze`."""
+    return with_lines(memory_breakdown_json(store, run_id))
+
+
+def memory_breakdown_json(store: Any, run_id: int) -> dict[str, Any] | None:
+    """``memory_summary`` before its text lines: the breakdown's JSON form
+    (``MemoryBreakdown.to_dict``), ``{"lines": [], "problems": [...]}`` for files that
+    cannot be read, None without a timeline or a snapshot. What `show` keeps
+    (``show_kept.py``)."""
     arts = store.artifacts(run_id)
     if "memory_timeline" not in set(arts["kind"]) and not has_snapshot(arts):
         return None
@@ -89,14 +64,7 @@ def memory_summary(store: Any, run_id: int) -> dict[str, Any] | None:
         return None
     except Exception as exc:  # the rest of the summary is shown all the same
         return {"lines": [], "problems": [one_line_error(type(exc), exc)]}
-    return {**breakdown.to_dict(), "lines": memory_lines(breakdown)}
-
-
-def print_memory_section(console: Any, run_id: int, mem: dict[str, Any] | None) -> None:
-    """`show`'s and `analyze`'s few memory lines (``memory_summary``); nothing without."""
-    if mem:
-        console.print(f"[bold]memory[/] (stepscope memory {run_id})")
-        console.print("\n".join(esc(line) for line in [*mem["problems"], *mem["lines"]]))
+    return breakdown.to_dict()
 
 
 def print_memory(console: Any, run_id: int, b: MemoryBreakdown) -> None:

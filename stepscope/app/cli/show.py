@@ -19,13 +19,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from stepscope.analyzers.rules.diagnosis import saved_diagnosis
-from stepscope.analyzers.steps.generation import generation_summary
-from stepscope.analyzers.steps.step_stats import summarize_steps
+from stepscope.analyzers.rules.diagnosed import saved_diagnosis
 from stepscope.app.applied import applied_changes, state, trial_label
 from stepscope.app.cli import term
-from stepscope.app.cli.memory import memory_summary, print_memory_section
+from stepscope.app.cli.memory_section import print_memory_section, with_lines
 from stepscope.app.cli.runs import run_duration
+from stepscope.app.cli.show_kept import show_figures
 from stepscope.app.cli.term import esc, print_json, status_text
 from stepscope.app.cli.verdict import verdict_lines
 from stepscope.app.formats import (
@@ -35,7 +34,6 @@ from stepscope.app.formats import (
     fmt_s,
     fmt_time,
     fmt_value,
-    missing,
     steps_recorded,
 )
 from stepscope.app.kv_cache_text import kv_cache_line
@@ -78,16 +76,17 @@ _GPU_SHOWN = (
 
 
 def run_summary(store: Any, run_id: int) -> dict[str, Any]:
-    """Everything `show` prints about one run."""
+    """Everything `show` prints about one run but its diagnosis: the run's row, its log
+    and artifacts as they are now, and its figures (``show_kept``: kept for an ended
+    run, computed for one that runs or changed)."""
     run = store.run(run_id)
-    steps = store.steps(run_id)
-    summary = summarize_steps(steps)
-    artifacts = store.artifacts(run_id)
+    figures = show_figures(store, run)
+    summary = figures["steps"]
     art_list = [
-        {"kind": a.kind, "path": a.path, "rank": int(a.rank), "created_at": a.created_at}
-        for a in artifacts.itertuples()
-    ]
-    events = store.events(run_id)
+        {"kind": a["kind"], "path": a["path"], "rank": int(a["rank"]),
+         "created_at": a["created_at"]}
+        for a in store.artifact_rows(run_id)
+    ]  # fmt: skip
     out: dict[str, Any] = {
         "id": int(run["id"]),
         "name": run["name"],
@@ -110,40 +109,25 @@ def run_summary(store: Any, run_id: int) -> dict[str, Any]:
         "facts": run["facts"],
     }
     out.update(summary)
-    out["generation"] = generation_summary(store.requests(run_id), steps)
+    out["generation"] = figures["generation"]
     if out["generation"] is not None:
         out["latency"] = None  # per-forward figures of a generation run: never (docstring)
     out["warmup"] = {"steps": summary["warmup_steps"], "time_s": summary["warmup_time_s"]}
     out["artifacts"] = [a["path"] for a in art_list]
     out["artifact_details"] = art_list
-    out["samples"] = samples_summary(store.samples(run_id))
+    out["samples"] = figures["samples"]
     out["events"] = [
         {
-            "t": e.t,
-            "rank": None if missing(e.rank) else int(e.rank),
-            "level": e.level,
-            "source": e.source,
-            "message": e.message,
+            "t": e["t"],
+            "rank": None if e["rank"] is None else int(e["rank"]),
+            "level": e["level"],
+            "source": e["source"],
+            "message": e["message"],
         }
-        for e in events.itertuples()
+        for e in store.event_rows(run_id)
     ]
+    out["memory"] = with_lines(figures["memory"])
     return out
-
-
-def samples_summary(samples: Any) -> dict[str, Any]:
-    """Mean and max of every sampled metric, keyed ``scope.metric``."""
-    if samples.empty:
-        return {"count": 0, "duration_s": None, "metrics": {}}
-    grouped = samples.dropna(subset=["value"]).groupby(["scope", "metric"])["value"]
-    metrics = {
-        f"{scope}.{metric}": {"mean": float(s.mean()), "max": float(s.max()), "n": int(len(s))}
-        for (scope, metric), s in grouped
-    }
-    return {
-        "count": int(samples["t"].nunique()),
-        "duration_s": float(samples["t"].max() - samples["t"].min()),
-        "metrics": metrics,
-    }
 
 
 def diagnosis_summary(store: Any, run_id: int) -> dict[str, Any] | None:
@@ -168,9 +152,8 @@ def diagnosis_summary(store: Any, run_id: int) -> dict[str, Any] | None:
 def cmd_show(ref: str, as_json: bool) -> int:
     with RunStore() as store:
         run_id = store.resolve_run(ref)
-        diagnosis = diagnosis_summary(store, run_id)
+        diagnosis = diagnosis_summary(store, run_id)  # first: it may save a diagnosis
         data = run_summary(store, run_id)
-        data["memory"] = memory_summary(store, run_id)
     data["diagnosis"] = diagnosis
     if as_json:
         print_json(data)

@@ -14,8 +14,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from stepscope.analyzers.rules.diagnosis import LEVEL_TEXT, Diagnosis, diagnose_run
-from stepscope.analyzers.rules.memory import is_oom_finding
+from stepscope.analyzers.rules.diagnosed import LEVEL_TEXT, Diagnosis, is_oom_finding
 from stepscope.app.formats import fmt_pct
 from stepscope.errors import is_out_of_memory, one_line_error
 from stepscope.store import RunStore
@@ -29,6 +28,10 @@ OOM_EVIDENCE = 9  # every line of an out-of-memory finding: what, how much, limi
 def print_verdict(run_id: int, home: Any = None) -> None:
     """Diagnose the ended run, save its findings, print the verdict (never raises)."""
     try:
+        # local: the rules and the trace analyzers (pandas); `show` imports this module
+        # for verdict_lines and diagnoses nothing it has saved
+        from stepscope.analyzers.rules.diagnosis import diagnose_run
+
         with RunStore(home) as store:
             if store.run(run_id)["status"] == "running":
                 return  # one node of a multi-node run: the last one to end answers

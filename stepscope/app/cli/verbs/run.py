@@ -90,7 +90,9 @@ def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         brief=args.quiet,
     )
     if not args.quiet:
-        from stepscope.app.cli.verdict import print_verdict  # local: see above
+        from stepscope.app.cli.show_kept import keep_show_figures  # local: see above
+        from stepscope.app.cli.verdict import print_verdict  # local: same
 
         print_verdict(run_id)
+        keep_show_figures(run_id)  # after the verdict: the first `show` reads them
     return code
