@@ -30,13 +30,16 @@ JOB_ARGS = ("--steps", "4", "--batch", "4", "--seq", "32", "--width", "32", "--b
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """One store: the trainer with a 2-step capture, the same job without one, and the
-    job under a torch that has no memory timeline export."""
+    """One store: the trainer with a 2-step capture, the same job without one, the same
+    at half the batch, and the job under a torch that has no memory timeline export."""
     home = tmp_path_factory.mktemp("memhome")
     capture = ("--profile-at", "1", "--profile-steps", "2")
     out = stepscope(home, "run", "--name", "blocks", *capture, "--", sys.executable, JOB, *JOB_ARGS)
     params = int(re.search(r"^params (\d+)$", out.stdout, re.M).group(1))
     stepscope(home, "run", "--name", "plain", "--no-profile", "--", sys.executable, JOB, *JOB_ARGS)
+    # the same at half the batch, before the last run (`memory last` has no timeline)
+    half = [a if a != "4" or JOB_ARGS[i - 1] != "--batch" else "2" for i, a in enumerate(JOB_ARGS)]
+    stepscope(home, "run", "--name", "half", *capture, "--", sys.executable, JOB, *half)
     gone = stepscope(
         home,
         "run",
@@ -50,8 +53,23 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict:
         "--no-timeline-export",
     )
     with RunStore(home) as store:
-        ids = {n: store.resolve_run(n) for n in ("blocks", "plain", "no-export")}
+        ids = {n: store.resolve_run(n) for n in ("blocks", "plain", "no-export", "half")}
     return {"home": home, "ids": ids, "params": params, "gone": gone}
+
+
+def test_half_the_micro_batch_frees_what_was_predicted(recorded: dict) -> None:
+    """The advice's bytes at the peak (the step's own, halved) against the same job
+    recorded at half the batch: within 15 % of the peaks' difference."""
+    home, ids = recorded["home"], recorded["ids"]
+    full = json.loads(stepscope(home, "memory", str(ids["blocks"]), "--json").stdout)
+    half = json.loads(stepscope(home, "memory", str(ids["half"]), "--json").stdout)
+    (line,) = [f for f in full["would_free"] if f.startswith("half the micro-batch")]
+    amount, unit = re.search(r"about ([\d.]+) (MiB|GiB)", line).groups()
+    predicted = float(amount) * (2**30 if unit == "GiB" else 2**20)
+    measured = full["peak_bytes"] - half["peak_bytes"]
+    assert measured > 0 and abs(predicted - measured) <= 0.15 * measured, (predicted, measured)
+    assert any(f.startswith("sharding over 2 ranks") for f in full["would_free"])
+    assert "would free (advice): " in stepscope(home, "show", str(ids["blocks"])).stdout
 
 
 def test_capture_saves_the_timeline(recorded: dict) -> None:
@@ -181,6 +199,7 @@ def test_run_page_memory_section(recorded: dict, monkeypatch: pytest.MonkeyPatch
     frames = [d.value for d in at.dataframe]
     peak = next(f for f in frames if "at the peak" in f.columns)
     assert list(peak["category"]) == list(b.peak["label"])
+    assert "Would free (advice, from the peak's parts): " in texts(at)
     assert any("module" in f.columns and (f["module"] == "Block_0").any() for f in frames)
     specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
     stacked = next(s for s in specs if any(t.get("stackgroup") for t in s["data"]))

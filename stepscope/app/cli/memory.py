@@ -17,6 +17,7 @@ from typing import Any
 
 from stepscope.analyzers.report.run_memory import NoMemoryData, run_memory
 from stepscope.analyzers.report.run_snapshot import has_snapshot
+from stepscope.analyzers.rules.memory_state import peak_remedies
 from stepscope.analyzers.trace.allocator_snapshot import AllocatorSnapshot
 from stepscope.analyzers.trace.memory_peak import MemoryBreakdown
 from stepscope.app.cli import term
@@ -36,7 +37,9 @@ def cmd_memory(ref: str, as_json: bool) -> int:
             print(f"stepscope: {exc}", file=sys.stderr)
             return 1
     if as_json:
-        print_json({"run_id": run_id, **breakdown.to_dict()})
+        found = breakdown.to_dict()
+        found["would_free"] = peak_remedies(found["peak"], breakdown.device)
+        print_json({"run_id": run_id, **found})
         return 0
     print_memory(term.console(), run_id, breakdown)
     return 0
@@ -86,6 +89,9 @@ def print_memory(console: Any, run_id: int, b: MemoryBreakdown) -> None:
         for r in b.peak.itertuples():
             t.add_row(r.label, fmt_bytes(r.bytes), fmt_pct(r.share), fmt_bytes(r.max_bytes))
         console.print(t)
+        frees = peak_remedies(b.peak.to_dict("records"), b.device)
+        if frees:
+            console.print(esc("would free (advice): " + "; ".join(frees)))
     if len(b.modules):
         t = Table(title="Modules: blocks allocated in their forward, live at the peak")
         for col in ("module", "bytes", "own", "blocks"):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from stepscope.analyzers.rules.memory_state import peak_remedies
 from stepscope.app.cli.term import esc
 from stepscope.app.formats import fmt_bytes, fmt_pct
 
@@ -34,6 +35,9 @@ def memory_lines(b: Mapping[str, Any]) -> list[str]:
     if modules:
         top = ", ".join(f"{r['module']} {fmt_bytes(r['bytes'])}" for r in modules)
         lines.append(f"modules holding the most at the peak: {top}")
+    frees = peak_remedies(b.get("peak") or [], b.get("device"))
+    if frees:
+        lines.append("would free (advice): " + "; ".join(frees))
     if b.get("allocator_snapshot"):
         lines += allocator_lines(b["allocator_snapshot"])
     return lines

@@ -13,6 +13,7 @@ import pandas as pd
 import streamlit as st
 
 from stepscope.analyzers.report.run_memory import NoMemoryData, run_memory
+from stepscope.analyzers.rules.memory_state import peak_remedies
 from stepscope.analyzers.trace.allocator_snapshot import AllocatorSnapshot
 from stepscope.analyzers.trace.memory_peak import MemoryBreakdown
 from stepscope.app.dashboard import data, ui
@@ -58,6 +59,9 @@ def peak_section(home: str, run_id: int, marker: tuple[Any, ...]) -> None:
             hide_index=True,
             key="memory_peak_table",
         )
+        frees = peak_remedies(b.peak.to_dict("records"), b.device)
+        if frees:
+            st.caption("Would free (advice, from the peak's parts): " + "; ".join(frees) + ".")
     if b.allocator is not None:
         allocator_section(b.allocator)
     if b.peak_bytes is None and b.timeline.empty:
