@@ -118,3 +118,15 @@ def test_the_llama_reference_codes_own_cache(tmp_path: Path) -> None:
     assert kv["allocated_whole"] and kv["per_token"] is None
     out = stepscope(home, "show", str(run_id)).stdout
     assert "allocated whole" in out
+
+
+@pytest.mark.slow
+def test_an_inference_jobs_unused_cache_is_not_held(tmp_path: Path) -> None:
+    """A causal LM scoring batches returns a cache at every call, and the step timer
+    holds each first call back as a possible prefill: the cache is measured then, never
+    held, so the job's memory is its own (the job checks each cache is freed once it
+    drops the output)."""
+    home = tmp_path / "home"
+    job = REPO / "tests" / "jobs" / "lm_scoring.py"
+    out = stepscope(home, "run", "--no-profile", "--", sys.executable, str(job))
+    assert out.stdout.strip().splitlines()[-1] == "freed: true", out.stdout[-2000:]

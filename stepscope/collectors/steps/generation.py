@@ -161,9 +161,11 @@ class Request:
     seen: list[Any] = field(default_factory=list)
     generated: list[list[int]] | None = None  # per row, for the output guard
     # the KV cache (``kv_cache.py``): a cache object the calls update in place, read at
-    # the request's end (then let go), and the largest legacy tuple cache seen
+    # the request's end (then let go), and the largest cache measured at a call (legacy
+    # tuples, a first call's), whether one of those was allocated whole
     kv_cache: Any = None
     kv_bytes: int = 0
+    kv_whole: bool = False
 
     def forward_started(self, position: int) -> None:
         self.open_start = perf_counter()

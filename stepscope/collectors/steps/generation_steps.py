@@ -39,6 +39,7 @@ from stepscope.collectors.steps.generation import (
     token_ids,
 )
 from stepscope.collectors.steps.kv_cache import (
+    allocated_whole,
     cache_figures,
     cache_of,
     cache_tensors,
@@ -359,19 +360,21 @@ class GenerationSteps:
 
     # -- memory -------------------------------------------------------------------------------
     def _note_cache(self, request: Request, output: Any) -> None:
-        """The cache a request's forward returned: a cache object is kept to be read at
-        the request's end; a legacy tuple is measured now (the next call makes another)."""
+        """A request's forward returned a cache: one the calls update in place is read at
+        the request's end; a legacy tuple, or a first call's (an inference job's forward
+        returns one too), is measured now: held, it would outlive the job's reference."""
         if output is None or "kv cache" in self.state.disabled:
             return
         try:
             cache = cache_of(output)
             if cache is None:
                 return
-            if is_cache_object(cache):
+            if is_cache_object(cache) and request is not self.gen.tentative:
                 request.kv_cache = cache
-            else:
-                found = held_bytes(cache_tensors(cache, self.state.torch))
-                request.kv_bytes = max(request.kv_bytes, found)
+                return
+            found = held_bytes(cache_tensors(cache, self.state.torch))
+            request.kv_bytes = max(request.kv_bytes, found)
+            request.kv_whole = request.kv_whole or allocated_whole(cache)
         except Exception as exc:
             self.acc.disable("kv cache", exc)
 
@@ -387,7 +390,9 @@ class GenerationSteps:
             roots = [ref() for ref in list(self.forward._outer_modules.values())]
             if request.model is not None:
                 roots.append(request.model())
-            figures = cache_figures(cache, request.kv_bytes, roots, self.state.torch)
+            figures = cache_figures(
+                cache, request.kv_bytes, roots, self.state.torch, whole=request.kv_whole
+            )
             if figures is not None:
                 context = request.prompt_len + max(len(request.forwards) - 1, 0)
                 request.meta.update(figures, kv_cache_context=context)

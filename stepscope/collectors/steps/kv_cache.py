@@ -120,18 +120,19 @@ def held_bytes(tensors: Iterator[Any]) -> int:
 
 
 def cache_figures(
-    cache: Any, legacy_bytes: int, roots: list[Any], torch: Any
+    cache: Any, measured: int, roots: list[Any], torch: Any, *, whole: bool = False
 ) -> dict[str, Any] | None:
     """A request's cache at its end, as its meta keeps it: ``kv_cache_bytes`` (the cache
-    object its calls returned, or the largest legacy tuple, and the cache tensors of the
-    ``roots`` modules) and ``kv_cache_grows`` (per position figures make sense only
-    for a cache that grows with the context); None where there is none."""
-    returned = legacy_bytes
+    object its calls returned, or the largest measured at a call, and the cache tensors
+    of the ``roots`` modules) and ``kv_cache_grows`` (per position figures make sense
+    only for a cache that grows with the context; ``whole``: one measured at a call was
+    allocated whole); None where there is none."""
+    returned = measured
     if cache is not None:
         returned = max(returned, held_bytes(cache_tensors(cache, torch)))
     unique = {id(m): m for m in roots if m is not None}.values()
     own = held_bytes(t for root in unique for t in module_cache_tensors(root, torch))
     if not (returned or own):
         return None
-    whole = own > 0 or (cache is not None and allocated_whole(cache))
+    whole = whole or own > 0 or (cache is not None and allocated_whole(cache))
     return {"kv_cache_bytes": returned + own, "kv_cache_grows": bool(returned) and not whole}
