@@ -33,10 +33,12 @@ HEAVY = {"pandas", "numpy", "scipy", "torch", "sqlalchemy", "plotly", "streamlit
 #: what no command that only reads the store loads
 NEVER = {"torch", "sqlalchemy", "plotly", "streamlit"}
 #: the analyzers' modules `show` of a run diagnosed, its figures kept, may load: the
-#: saved diagnosis, and the runs list's kept figures (``app/cli/runs.py``'s)
+#: saved diagnosis, the runs list's kept figures (``app/cli/runs.py``'s), and the
+#: memory remedies' arithmetic on the kept breakdown (no rule, nothing imported)
 SHOW_READS = {
     "stepscope.analyzers.rules",
     "stepscope.analyzers.rules.diagnosed",
+    "stepscope.analyzers.rules.memory_state",
     "stepscope.analyzers.steps",
     "stepscope.analyzers.steps.run_figures",
 }
