@@ -251,13 +251,9 @@ class Run:
 def memory(ref: int | str | Run, home: PathLike | None = None) -> MemoryBreakdown:
     """Where the peak of a run's last capture goes, as DataFrames.
 
-    ``ref``: a ``Run``, an id, a name or 'last'. The result's ``peak`` (one row per
-    category: bytes at the peak, share, the category's max over the captured steps),
-    ``timeline`` (bytes per category over time), ``modules`` and ``lines`` (the blocks
-    live at the peak by module and by function), ``peak_bytes``, ``allocator`` (on CUDA,
-    the run's latest allocator snapshot: reserved, allocated, unused, the largest free
-    block, segments, ``sites``, an OOM's request and ``explanation()``; None without
-    one), ``problems`` (a file that could not be read, one line each). Raises
+    ``ref``: a ``Run``, an id, a name or 'last'. ``MemoryBreakdown`` (memory_peak.py)
+    says what each field holds: the peak by category, the timeline, modules and lines
+    live at the peak, and on CUDA the run's allocator snapshot (``allocator``). Raises
     ``RunNotFound`` for an unknown run and ``LookupError`` (``NoMemoryData``) for a run
     with neither a capture's memory timeline nor an allocator snapshot.
     """
