@@ -10,6 +10,14 @@ What the capture may cost the loop is its profiled step's own slowdown and the e
 since the export's compression moved off the job's thread (``capture/trace_writer.py``)
 only torch's own stop and write stay on it. Each round runs both arms in a rotated order;
 the figures are each arm's median loop time and the median of the per-round differences.
+
+The added time is then taken apart, per round: what closing the window held the job's
+thread (torch's stop and its writing of the trace, which the capture measures and keeps
+in the trace's row, ``held_s``), and the captured steps' own slowdown (their times
+against the same steps of the run without a capture). The issue's goal reads: the loop
+with the capture within 5 % of the loop without it, plus the profiled steps' own time;
+``goal_slack_s`` is 1.05 x bare + the captured steps' time - the loop with the capture
+(positive: met).
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 JOB = ["examples/corpus/time_sequence_lbfgs.py", "--steps", "6", "--length", "60"]
@@ -39,6 +48,47 @@ def loop_time(repo: Path, home: Path, options: list[str]) -> float:
     return float(json.loads(line.removeprefix("CORPUS "))["loop_s"])
 
 
+def last_run(repo: Path, home: Path) -> dict[str, Any]:
+    """The last run's step times and its trace's meta (first step, steps, ``held_s``),
+    read from its store by ``repo``'s own stepscope (its schema)."""
+    code = (
+        "import json, sys\n"
+        "from stepscope.store import RunStore\n"
+        "with RunStore(sys.argv[1]) as s:\n"
+        "    run = s.resolve_run('last')\n"
+        "    steps = s.steps(run)\n"
+        "    arts = s.artifacts(run)\n"
+        "traces = arts[arts['kind'] == 'trace']\n"
+        "print(json.dumps({'step_s': (steps['end_s'] - steps['start_s']).tolist(),\n"
+        "                  'trace': traces['meta'].iloc[0] if len(traces) else None}))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(home)], capture_output=True, text=True, env=_env(repo)
+    )
+    if proc.returncode != 0:
+        sys.exit(f"bench: reading {home} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout)
+
+
+def taken_apart(bare: dict[str, Any], captured: dict[str, Any], added: float) -> dict[str, Any]:
+    """One round's added time in its parts: closing the window (torch's stop and write),
+    the captured steps' own slowdown, and what neither explains."""
+    meta = captured["trace"] or {}
+    first, count = int(meta.get("first_step", 0)), int(meta.get("steps", 0))
+    window = slice(first, first + count)
+    own_s = sum(captured["step_s"][window])
+    slowdown_s = own_s - sum(bare["step_s"][window])
+    held = meta.get("held_s") or {}  # absent from a checkout before the capture kept it
+    held_s = sum(held.values()) if held else None
+    return {
+        "captured_steps": [first, first + count - 1],
+        "captured_steps_s": own_s,
+        "steps_slowdown_s": slowdown_s,
+        "held_s": held or None,
+        "rest_s": None if held_s is None else added - held_s - slowdown_s,
+    }
+
+
 def _env(repo: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(repo)}
 
@@ -50,13 +100,23 @@ def main() -> None:
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args()
     times: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    parts: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             order = list(ARMS) if r % 2 == 0 else list(reversed(ARMS))
+            runs = {}
             for arm in order:
                 took = loop_time(args.repo, Path(tmp) / arm, ARMS[arm])
                 times[arm].append(took)
+                runs[arm] = last_run(args.repo, Path(tmp) / arm)
                 print(f"round {r + 1} {arm}: loop {took:.2f} s", flush=True)
+            added = times["capture"][-1] - times["no_profile"][-1]
+            part = taken_apart(runs["no_profile"], runs["capture"], added)
+            part["goal_slack_s"] = (
+                1.05 * times["no_profile"][-1] + part["captured_steps_s"] - times["capture"][-1]
+            )
+            parts.append(part)
+            print(f"round {r + 1}: added {added:+.2f} s, {json.dumps(part)}", flush=True)
     diffs = [c - n for c, n in zip(times["capture"], times["no_profile"], strict=True)]
     out = {
         "job": " ".join(JOB),
@@ -65,6 +125,7 @@ def main() -> None:
         "added_s_median": statistics.median(diffs),
         "added_s": diffs,
         "rounds": times,
+        "taken_apart": parts,
     }
     print(json.dumps(out, indent=2))
     if args.json_out:

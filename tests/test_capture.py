@@ -51,6 +51,7 @@ def test_capture_window_yields_trace_with_exactly_k_steps(tmp_path):
     path = arts["path"][0]
     assert path.endswith(".pt.trace.json.gz") and Path(path).parent.name == str(run_id)
     assert _profiler_steps(path) == ["ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4"]
+    held = arts["meta"][0].pop("held_s")
     assert arts["meta"][0] == {
         "first_step": 2,
         "steps": 3,
@@ -58,12 +59,17 @@ def test_capture_window_yields_trace_with_exactly_k_steps(tmp_path):
         "reason": "scheduled",
         "request_id": None,
     }
+    # what closing the window held the job's thread: torch's stop, then writing the trace
+    assert set(held) == {"stop", "write"} and held["stop"] > 0 and held["write"] > 0, held
+    assert "held_s" not in arts["meta"][1]  # the memory timeline's row: the window's meta
     df = jobs.steps(tmp_path, run_id)
     assert len(df) == 8
     # the window, then the steps the step timer flags after it (AFTER_CAPTURE_STEPS)
     assert df.loc[df["profiled"] == 1, "step"].tolist() == list(range(2, 5 + AFTER_CAPTURE_STEPS))
     messages = " ".join(jobs.events(tmp_path, run_id)["message"])
     assert "memory events" in messages
+    said = f"torch's stop {held['stop']:.2f} s, writing the trace {held['write']:.2f} s"
+    assert said in messages, messages
     # compressed off the job's thread, and waited for at its end: nothing half-written
     assert not list(Path(path).parent.glob("*.part")), list(Path(path).parent.iterdir())
 

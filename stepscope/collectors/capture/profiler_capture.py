@@ -118,6 +118,7 @@ class CaptureController:
         self._said_cpu_memory = False
         self._stem = ""
         self._started = 0.0  # perf_counter when the window opened
+        self._stopping = 0.0  # perf_counter when the window began to close (its stop)
         self._bounded = False  # the window is the default capture: WINDOW_BOUND_S holds
         self._claim = False  # this process holds its rank's scheduled capture
         try:
@@ -296,6 +297,7 @@ class CaptureController:
         prof, self._prof = self._prof, None
         self.active = False
         self._steps_done = steps_done
+        self._stopping = time.perf_counter()
         try:
             prof.__exit__(None, None, None)  # stop(): closes the last step, exports
         finally:
@@ -319,11 +321,36 @@ class CaptureController:
         stem, meta = self._stem, self._meta()
         final = os.path.join(str(self.run_dir), f"{stem}.pt.trace.json.gz")
         raw = final.removesuffix(".gz") + ".part"  # never read as a trace while written
+        writing = time.perf_counter()
         prof.export_chrome_trace(raw)
-        self._exports.submit(lambda: self._compress_and_record(prof, raw, final, stem, meta))
+        held = self._held(writing, time.perf_counter())
+        self._exports.submit(lambda: self._compress_and_record(prof, raw, final, stem, meta, held))
+
+    def _held(self, writing: float, written: float) -> dict[str, float]:
+        """How long closing the window held the job's thread, in torch's two parts: its
+        stop (kineto's buffers turned into events) and writing the trace. Both must run
+        there; they are what the capture costs the loop beyond its profiled steps, so the
+        run's log says them (``bench/capture_stall.py`` reads them from the trace's row)."""
+        stop = writing - self._stopping if self._stopping else 0.0
+        held = {"stop": round(stop, 3), "write": round(written - writing, 3)}
+        with contextlib.suppress(Exception):
+            self._writer().log(
+                "info",
+                "capture",
+                f"closing the capture held the job {stop + held['write']:.2f} s: torch's "
+                f"stop {held['stop']:.2f} s, writing the trace {held['write']:.2f} s "
+                "(compressing it runs beside the job)",
+            )
+        return held
 
     def _compress_and_record(
-        self, prof: Any, raw: str, final: str, stem: str, meta: dict[str, Any]
+        self,
+        prof: Any,
+        raw: str,
+        final: str,
+        stem: str,
+        meta: dict[str, Any],
+        held: dict[str, float],
     ) -> None:
         """On the trace writer's thread: gzip the trace (zlib lets the job's thread run),
         its row, then the memory timeline. A failure is one line; the raw file stays."""
@@ -333,7 +360,7 @@ class CaptureController:
             self._warn(f"trace not compressed, kept as {raw}: {one_line_error(type(exc), exc)}")
             return
         with contextlib.suppress(Exception):
-            self._record("trace", final, meta=meta)
+            self._record("trace", final, meta={**meta, "held_s": held})
         self._export_memory_timeline(prof, final, stem, meta)
 
     def _export_memory_timeline(
@@ -405,6 +432,7 @@ class CaptureController:
         self.active = False
         prof, self._prof = self._prof, None
         if prof is not None:
+            self._stopping = time.perf_counter()
             with contextlib.suppress(Exception):
                 prof.__exit__(None, None, None)
         if self._memory_history:
