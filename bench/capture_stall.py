@@ -2,10 +2,13 @@
 capture against `--no-profile`, by the job's own clock (its ``loop_s``), paired in rounds.
 
     python bench/capture_stall.py                     # the LBFGS corpus job, 3 rounds
+    python bench/capture_stall.py --job host_overhead --rounds 5
     python bench/capture_stall.py --rounds 5 --json-out /tmp/capture_stall.json
 
-The job is ``examples/corpus/time_sequence_lbfgs.py --steps 6 --length 60``: steps of about
-2 s made of thousands of tiny operators, whose one-step trace is about 150 MiB of JSON.
+The jobs (``JOBS``): ``lbfgs``, ``examples/corpus/time_sequence_lbfgs.py --steps 6 --length
+60``: steps of about 2 s made of thousands of tiny operators, whose one-step trace is about
+150 MiB of JSON; and issue 41's two, ``host_overhead`` (600 host-bound steps of ~20 ms) and
+``dense_compute`` (30 compute-bound steps), timed by their own ``--timings-out``.
 What the capture may cost the loop is its profiled step's own slowdown and the export;
 since the export's compression moved off the job's thread (``capture/trace_writer.py``)
 only torch's own stop and write stay on it. Each round runs both arms in a rotated order;
@@ -33,17 +36,30 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-JOB = ["examples/corpus/time_sequence_lbfgs.py", "--steps", "6", "--length", "60"]
+#: name -> the job's command line (from the repository's root); a job of ``examples/``
+#: is timed by its ``--timings-out`` (the sum of its iterations), a corpus job by the
+#: ``loop_s`` of its ``CORPUS`` line
+JOBS = {
+    "lbfgs": ["examples/corpus/time_sequence_lbfgs.py", "--steps", "6", "--length", "60"],
+    "host_overhead": ["examples/host_overhead.py", "--steps", "600"],
+    "dense_compute": ["examples/dense_compute.py", "--steps", "30"],
+}
 ARMS = {"no_profile": ["--no-profile", "--quiet"], "capture": ["--quiet"]}
 
 
-def loop_time(repo: Path, home: Path, options: list[str]) -> float:
+def loop_time(repo: Path, home: Path, job: list[str], options: list[str]) -> float:
     """The job's own loop time (s) under `stepscope run` from ``repo``'s checkout."""
+    timings = home.with_suffix(".timings.json")
     command = [sys.executable, "-m", "stepscope.app.cli", "--home", str(home), "run", *options]
-    command += ["--", sys.executable, str(REPO / JOB[0]), *JOB[1:]]
+    command += ["--", sys.executable, str(REPO / job[0]), *job[1:]]
+    corpus = "/corpus/" in job[0]
+    if not corpus:
+        command += ["--timings-out", str(timings)]
     proc = subprocess.run(command, cwd=repo, capture_output=True, text=True, env=_env(repo))
     if proc.returncode != 0:
         sys.exit(f"bench: {' '.join(command)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    if not corpus:
+        return float(sum(json.loads(timings.read_text())["iteration_s"]))
     line = next(x for x in reversed(proc.stdout.splitlines()) if x.startswith("CORPUS "))
     return float(json.loads(line.removeprefix("CORPUS "))["loop_s"])
 
@@ -95,6 +111,7 @@ def _env(repo: Path) -> dict[str, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--job", choices=sorted(JOBS), default="lbfgs")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repo", type=Path, default=REPO, help="the stepscope checkout to time")
     parser.add_argument("--json-out", type=Path)
@@ -106,9 +123,10 @@ def main() -> None:
             order = list(ARMS) if r % 2 == 0 else list(reversed(ARMS))
             runs = {}
             for arm in order:
-                took = loop_time(args.repo, Path(tmp) / arm, ARMS[arm])
+                home = Path(tmp) / f"{arm}{r}"
+                took = loop_time(args.repo, home, JOBS[args.job], ARMS[arm])
                 times[arm].append(took)
-                runs[arm] = last_run(args.repo, Path(tmp) / arm)
+                runs[arm] = last_run(args.repo, home)
                 print(f"round {r + 1} {arm}: loop {took:.2f} s", flush=True)
             added = times["capture"][-1] - times["no_profile"][-1]
             part = taken_apart(runs["no_profile"], runs["capture"], added)
@@ -119,7 +137,7 @@ def main() -> None:
             print(f"round {r + 1}: added {added:+.2f} s, {json.dumps(part)}", flush=True)
     diffs = [c - n for c, n in zip(times["capture"], times["no_profile"], strict=True)]
     out = {
-        "job": " ".join(JOB),
+        "job": " ".join(JOBS[args.job]),
         "repo": str(args.repo),
         "loop_s": {arm: statistics.median(v) for arm, v in times.items()},
         "added_s_median": statistics.median(diffs),
