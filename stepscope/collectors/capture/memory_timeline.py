@@ -31,16 +31,21 @@ def memory_timeline_wanted() -> bool:
     )
 
 
-def save_memory_timeline(prof: Any, trace_path: str, path: str) -> dict[str, Any] | str:
-    """The window's timeline written to ``path``: its artifact meta (device, export
-    seconds), or the line that says why it was skipped (a trace too big to walk).
-    Raises what torch raises."""
+def timeline_skipped(trace_path: str) -> str | None:
+    """The line that says why the window's timeline is not exported (its gzipped trace
+    is too big to walk), or None: it is."""
     size = os.path.getsize(trace_path)
-    if size > MEMORY_TIMELINE_MAX_TRACE_BYTES:
-        return (
-            f"memory timeline not saved: the trace is {size / 2**20:.1f} MiB, above "
-            f"{MEMORY_TIMELINE_MAX_TRACE_BYTES / 2**20:.0f} MiB (its export would take too long)"
-        )
+    if size <= MEMORY_TIMELINE_MAX_TRACE_BYTES:
+        return None
+    return (
+        f"memory timeline not saved: the trace is {size / 2**20:.1f} MiB, above "
+        f"{MEMORY_TIMELINE_MAX_TRACE_BYTES / 2**20:.0f} MiB (its export would take too long)"
+    )
+
+
+def save_memory_timeline(prof: Any, path: str) -> dict[str, Any]:
+    """The window's timeline written to ``path``; its artifact meta (device, export
+    seconds). Raises what torch raises."""
     import warnings  # local: only here
 
     import torch  # local: the job's own torch, imported by then

@@ -53,6 +53,7 @@ from stepscope.collectors.capture.memory_timeline import (
     MEMORY_TIMELINE_SUFFIX,
     memory_timeline_wanted,
     save_memory_timeline,
+    timeline_skipped,
 )
 from stepscope.collectors.capture.quiet_logs import (  # noqa: F401  # tests read them here
     C10_ERROR,
@@ -352,8 +353,9 @@ class CaptureController:
         meta: dict[str, Any],
         held: dict[str, float],
     ) -> None:
-        """On the trace writer's thread: gzip the trace (zlib lets the job's thread run),
-        its row, then the memory timeline. A failure is one line; the raw file stays."""
+        """On the trace writer's thread: gzip the trace (zlib lets the job's thread run)
+        and its row; the memory timeline waits for the job's end (``TraceWriter.defer``).
+        A failure is one line; the raw file stays."""
         try:
             compress(raw, final)
         except Exception as exc:
@@ -361,26 +363,27 @@ class CaptureController:
             return
         with contextlib.suppress(Exception):
             self._record("trace", final, meta={**meta, "held_s": held})
-        self._export_memory_timeline(prof, final, stem, meta)
+        if not memory_timeline_wanted():
+            return
+        skipped = timeline_skipped(final)
+        if skipped is not None:  # too big to walk: said now, and the profile is let go
+            with contextlib.suppress(Exception):
+                self._writer().log("info", "capture", skipped)
+            return
+        self._exports.defer(lambda: self._export_memory_timeline(prof, final, stem, meta))
 
     def _export_memory_timeline(
         self, prof: Any, trace_path: str, stem: str, meta: dict[str, Any]
     ) -> None:
         """torch's categorised memory timeline of the window, beside the trace
         (``memory_timeline.py``): never at the cost of the trace or the run."""
-        if not memory_timeline_wanted():
-            return
         path = os.path.join(str(self.run_dir), f"{stem}{MEMORY_TIMELINE_SUFFIX}")
         try:
-            saved = save_memory_timeline(prof, trace_path, path)
+            saved = save_memory_timeline(prof, path)
         except Exception as exc:
             self._warn(f"memory timeline not saved: {one_line_error(type(exc), exc)}")
             return
-        if isinstance(saved, str):  # skipped, and why
-            with contextlib.suppress(Exception):
-                self._writer().log("info", "capture", saved)
-        else:
-            self._record("memory_timeline", path, saved, meta=meta)
+        self._record("memory_timeline", path, saved, meta=meta)
 
     def _warn(self, text: str) -> None:
         """One warning line in the run's log; a log that cannot be written is no error."""

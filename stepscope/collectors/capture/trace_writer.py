@@ -11,6 +11,11 @@ job's thread for about 30 s, most of it in torch's line-by-line gzip.
 One thread, one export at a time, in order. The job's end waits for what is queued
 (``wait``, from the capture's ``close``), so a job that ends right after a capture keeps
 its trace; a thread is not started in a forked child that inherited a parent's queue.
+
+Work that holds the GIL for long (torch's memory timeline: pure Python, ~1 s per 10 k
+events) is ``defer``-red to the job's end: on any thread, it takes the interpreter from
+the job's, and a compute-bound 30-step job on 2 cores lost 0.8 s of its 3 s loop to it
+in the steps after the capture (``bench/capture_stall.py --job dense_compute``).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import os
 import queue
 import shutil
 import threading
+import time
 from collections.abc import Callable
 
 from stepscope.store.artifacts import before_thread_pools_close
@@ -44,6 +50,17 @@ def compress(raw: str, final: str) -> None:
     os.remove(raw)
 
 
+#: the export thread's niceness: below the job's threads, so that compressing a trace
+#: runs on the cores they leave idle (Linux schedules each thread on its own)
+EXPORT_NICENESS = 19
+
+
+def yield_to_the_job() -> None:
+    """Lower the calling thread's CPU priority; where that is not possible, leave it."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), EXPORT_NICENESS)
+
+
 class TraceWriter:
     """Runs export work items on one background thread, in order."""
 
@@ -53,6 +70,7 @@ class TraceWriter:
         self._pid = os.getpid()
         self._idle = threading.Condition()
         self._pending = 0
+        self._deferred: list[Callable[[], None]] = []
 
     def submit(self, work: Callable[[], None]) -> None:
         """Queue ``work`` (it must not raise: its failures are its own lines)."""
@@ -74,14 +92,31 @@ class TraceWriter:
             self._pending += 1
         self._queue.put(work)
 
-    def wait(self, timeout: float = WAIT_S) -> bool:
-        """Block until every queued export is done; False if ``timeout`` passed first."""
-        if self._thread is None or self._pid != os.getpid():
-            return True
+    def defer(self, work: Callable[[], None]) -> None:
+        """Queue ``work`` at the job's end (the first ``wait``), not now: see above."""
         with self._idle:
-            return self._idle.wait_for(lambda: self._pending == 0, timeout=timeout)
+            self._deferred.append(work)
+
+    def wait(self, timeout: float = WAIT_S) -> bool:
+        """Queue the deferred work, then block until every export is done (work that a
+        queued item deferred included); False if ``timeout`` passed first."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._idle:
+                deferred, self._deferred = self._deferred, []
+            for work in deferred:
+                self.submit(work)
+            if self._thread is None or self._pid != os.getpid():
+                return True
+            with self._idle:
+                left = deadline - time.monotonic()
+                if not self._idle.wait_for(lambda: self._pending == 0, timeout=max(0.0, left)):
+                    return False
+                if not self._deferred:
+                    return True
 
     def _loop(self) -> None:
+        yield_to_the_job()
         while True:
             work = self._queue.get()
             try:
