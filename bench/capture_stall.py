@@ -65,8 +65,9 @@ def loop_time(repo: Path, home: Path, job: list[str], options: list[str]) -> flo
 
 
 def last_run(repo: Path, home: Path) -> dict[str, Any]:
-    """The last run's step times and its trace's meta (first step, steps, ``held_s``),
-    read from its store by ``repo``'s own stepscope (its schema)."""
+    """The last run's step times, the time from the job's start (its process's) to the
+    end of its first step, and its trace's meta (first step, steps, ``held_s``), read
+    from its store by ``repo``'s own stepscope (its schema)."""
     code = (
         "import json, sys\n"
         "from stepscope.store import RunStore\n"
@@ -74,8 +75,11 @@ def last_run(repo: Path, home: Path) -> dict[str, Any]:
         "    run = s.resolve_run('last')\n"
         "    steps = s.steps(run)\n"
         "    arts = s.artifacts(run)\n"
+        "    row = s.run(run)\n"
         "traces = arts[arts['kind'] == 'trace']\n"
+        "began = row.get('pid_started_at') or row['started_at']\n"
         "print(json.dumps({'step_s': (steps['end_s'] - steps['start_s']).tolist(),\n"
+        "                  'first_step_s': float(steps['end_s'].min() - began),\n"
         "                  'trace': traces['meta'].iloc[0] if len(traces) else None}))\n"
     )
     proc = subprocess.run(
@@ -117,6 +121,7 @@ def main() -> None:
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args()
     times: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    first: dict[str, list[float]] = {arm: [] for arm in ARMS}
     parts: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
@@ -127,6 +132,7 @@ def main() -> None:
                 took = loop_time(args.repo, home, JOBS[args.job], ARMS[arm])
                 times[arm].append(took)
                 runs[arm] = last_run(args.repo, home)
+                first[arm].append(runs[arm]["first_step_s"])
                 print(f"round {r + 1} {arm}: loop {took:.2f} s", flush=True)
             added = times["capture"][-1] - times["no_profile"][-1]
             part = taken_apart(runs["no_profile"], runs["capture"], added)
@@ -142,6 +148,7 @@ def main() -> None:
         "loop_s": {arm: statistics.median(v) for arm, v in times.items()},
         "added_s_median": statistics.median(diffs),
         "added_s": diffs,
+        "first_step_s": {arm: statistics.median(v) for arm, v in first.items()},
         "rounds": times,
         "taken_apart": parts,
     }
