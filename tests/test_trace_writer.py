@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import gzip
 import os
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from stepscope.collectors.capture.trace_writer import EXPORT_NICENESS, TraceWriter, compress
+from stepscope.collectors.capture.trace_writer import TraceWriter, compress
 
 
 def test_work_runs_in_order_on_another_thread_and_wait_sees_it_done() -> None:
@@ -45,20 +44,19 @@ def test_a_failing_item_does_not_stop_the_next() -> None:
     assert writer.wait(timeout=10) and done == ["next"]
 
 
-def test_deferred_work_waits_for_the_end_and_runs_below_the_job() -> None:
+def test_deferred_work_waits_for_the_end_and_runs_on_the_writers_thread() -> None:
     """The memory timeline's export (``defer``) runs at the first ``wait`` (the job's
-    end), after what was queued, on the writer's thread, niced below the job's threads."""
+    end), after what was queued, on the writer's thread."""
     writer, done = TraceWriter(), []
-    writer.defer(lambda: done.append(("deferred", os.getpriority(os.PRIO_PROCESS, 0))))
-    writer.submit(lambda: done.append(("queued", os.getpriority(os.PRIO_PROCESS, 0))))
+    writer.defer(lambda: done.append(("deferred", threading.get_ident())))
+    writer.submit(lambda: done.append(("queued", threading.get_ident())))
     writer.submit(lambda: time.sleep(0.2))
     time.sleep(0.5)
     assert [what for what, _ in done] == ["queued"]  # the deferred waits
     assert writer.wait(timeout=10) is True
     assert [what for what, _ in done] == ["queued", "deferred"]
-    if sys.platform == "linux":  # its threads have their own niceness
-        assert {nice for _, nice in done} == {EXPORT_NICENESS}
-        assert os.getpriority(os.PRIO_PROCESS, 0) < EXPORT_NICENESS  # the caller's kept
+    threads = {thread for _, thread in done}
+    assert len(threads) == 1 and threading.get_ident() not in threads
 
 
 def test_work_deferred_by_a_queued_item_is_waited_for_too() -> None:

@@ -50,17 +50,6 @@ def compress(raw: str, final: str) -> None:
     os.remove(raw)
 
 
-#: the export thread's niceness: below the job's threads, so that compressing a trace
-#: runs on the cores they leave idle (Linux schedules each thread on its own)
-EXPORT_NICENESS = 19
-
-
-def yield_to_the_job() -> None:
-    """Lower the calling thread's CPU priority; where that is not possible, leave it."""
-    with contextlib.suppress(AttributeError, OSError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), EXPORT_NICENESS)
-
-
 class TraceWriter:
     """Runs export work items on one background thread, in order."""
 
@@ -116,7 +105,6 @@ class TraceWriter:
                     return True
 
     def _loop(self) -> None:
-        yield_to_the_job()
         while True:
             work = self._queue.get()
             try:
